@@ -1,0 +1,588 @@
+//! The endpoint's state card: one shared record per endpoint.
+//!
+//! Each layer writes only its own line — the health checker the [`HealthLine`], quarantine the
+//! [`QuarantineLine`], the breaker the [`BreakerLine`] — and anyone reads any line, or the whole
+//! card, in O(1) without taking a lock: every line is an atomically swapped `Arc` snapshot
+//! ([`arc_swap`]). Every change of a line bumps the card's version and wakes every task waiting
+//! on the card ([`EndpointCard::changed`], or a [`Gate`](crate::Gate)).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Why a line is in its state, in words an operator can act on
+/// (for example `UNAVAILABLE: connection refused`).
+pub type Reason = Arc<str>;
+
+/// One line of the card: the state a layer published, why, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line<T> {
+    /// The state itself.
+    pub state: T,
+    /// Why the line is in this state, if the writer said.
+    pub reason: Option<Reason>,
+    /// When the state was published (monotonic clock).
+    pub since: Instant,
+}
+
+/// The health checker's verdict about an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HealthVerdict {
+    /// No health checker watches this endpoint: the health line never shuts the gate.
+    ///
+    /// This is the state of a fresh card, so that a user who takes only the breaker or only
+    /// quarantine is not blocked by a checker they never started.
+    NotChecked,
+    /// A checker watches this endpoint but no probe has produced evidence yet. Not eligible:
+    /// an endpoint is healthy only after a probe saw it serving.
+    Unknown,
+    /// The last probe saw the endpoint serving.
+    Healthy,
+    /// The last probe failed or saw the endpoint not serving.
+    Unhealthy,
+}
+
+impl HealthVerdict {
+    /// Whether this verdict lets calls through.
+    pub fn admits(self) -> bool {
+        matches!(self, HealthVerdict::NotChecked | HealthVerdict::Healthy)
+    }
+}
+
+impl fmt::Display for HealthVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HealthVerdict::NotChecked => "not checked",
+            HealthVerdict::Unknown => "health unknown",
+            HealthVerdict::Healthy => "healthy",
+            HealthVerdict::Unhealthy => "unhealthy",
+        })
+    }
+}
+
+/// Quarantine's state: out of rotation until an instant, or not quarantined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quarantine {
+    /// The end of the quarantine; `None` when the endpoint is not quarantined.
+    pub until: Option<Instant>,
+}
+
+impl Quarantine {
+    /// Not quarantined.
+    pub const NONE: Quarantine = Quarantine { until: None };
+
+    /// Whether the quarantine is still in force at `now`.
+    pub fn active_at(&self, now: Instant) -> bool {
+        matches!(self.until, Some(until) if until > now)
+    }
+}
+
+/// The circuit breaker's state as published on the card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BreakerState {
+    /// Calls flow; outcomes are counted.
+    Closed,
+    /// Calls are refused until `until`, when the breaker goes half-open.
+    Open {
+        /// When the breaker will admit probe calls again.
+        until: Instant,
+    },
+    /// A bounded number of probe calls may pass; their outcome decides.
+    HalfOpen,
+    /// An operator holds the breaker open: no call passes until released.
+    ForcedOpen,
+    /// An operator disabled the breaker: every call passes and nothing is counted.
+    Disabled,
+}
+
+impl BreakerState {
+    /// Whether the breaker would consider admitting a call at `now` (half-open admits only
+    /// as many calls as it has permits; the breaker itself enforces that).
+    pub fn admits_at(&self, now: Instant) -> bool {
+        match self {
+            BreakerState::Closed | BreakerState::HalfOpen | BreakerState::Disabled => true,
+            BreakerState::Open { until } => *until <= now,
+            BreakerState::ForcedOpen => false,
+        }
+    }
+}
+
+impl fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open { .. } => "open",
+            BreakerState::HalfOpen => "half-open",
+            BreakerState::ForcedOpen => "forced open",
+            BreakerState::Disabled => "disabled",
+        })
+    }
+}
+
+/// The health line of a card.
+pub type HealthLine = Line<HealthVerdict>;
+/// The quarantine line of a card.
+pub type QuarantineLine = Line<Quarantine>;
+/// The breaker line of a card.
+pub type BreakerLine = Line<BreakerState>;
+
+/// Which line of the card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LineKind {
+    /// The health checker's line.
+    Health,
+    /// Passive quarantine's line.
+    Quarantine,
+    /// The circuit breaker's line.
+    Breaker,
+}
+
+impl fmt::Display for LineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LineKind::Health => "health",
+            LineKind::Quarantine => "quarantine",
+            LineKind::Breaker => "breaker",
+        })
+    }
+}
+
+struct Inner {
+    target: Arc<str>,
+    health: ArcSwap<HealthLine>,
+    quarantine: ArcSwap<QuarantineLine>,
+    breaker: ArcSwap<BreakerLine>,
+    version: AtomicU64,
+    notify: Arc<Notify>,
+}
+
+/// One endpoint's shared state card.
+///
+/// Cloning is cheap (one `Arc`); every clone is the same card. Reads never lock. Writes replace
+/// one line, bump [`version`](Self::version) and wake every waiter; a write that would not change
+/// the line (same state and same reason) is skipped and wakes nobody.
+///
+/// ```
+/// use endpoint_state::{EndpointCard, HealthVerdict};
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let card = EndpointCard::new("10.0.0.7:50051");
+/// assert!(card.eligibility().is_ok()); // nothing has shut it
+///
+/// card.set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
+/// let why = card.eligibility().unwrap_err();
+/// assert_eq!(why.to_string(), "10.0.0.7:50051: unhealthy (NOT_SERVING)");
+///
+/// card.set_health(HealthVerdict::Healthy, None);
+/// card.quarantine_for(Duration::from_secs(5), Some("UNAVAILABLE: connection refused".into()));
+/// assert!(card.eligibility().unwrap_err().to_string().contains("quarantined"));
+/// assert!(card.is_eligible_ignoring(&[endpoint_state::LineKind::Quarantine]));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct EndpointCard {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for EndpointCard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let snap = self.snapshot();
+        f.debug_struct("EndpointCard")
+            .field("target", &self.target())
+            .field("version", &snap.version)
+            .field("health", &snap.health)
+            .field("quarantine", &snap.quarantine)
+            .field("breaker", &snap.breaker)
+            .finish()
+    }
+}
+
+impl EndpointCard {
+    /// A fresh card for `target`: health not checked, not quarantined, breaker closed.
+    pub fn new(target: impl Into<Arc<str>>) -> Self {
+        let now = Instant::now();
+        EndpointCard {
+            inner: Arc::new(Inner {
+                target: target.into(),
+                health: ArcSwap::from_pointee(Line {
+                    state: HealthVerdict::NotChecked,
+                    reason: None,
+                    since: now,
+                }),
+                quarantine: ArcSwap::from_pointee(Line {
+                    state: Quarantine::NONE,
+                    reason: None,
+                    since: now,
+                }),
+                breaker: ArcSwap::from_pointee(Line {
+                    state: BreakerState::Closed,
+                    reason: None,
+                    since: now,
+                }),
+                version: AtomicU64::new(0),
+                notify: Arc::new(Notify::new()),
+            }),
+        }
+    }
+
+    /// The endpoint's name (its address as the user gave it).
+    pub fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// The target name as a shared string, for errors and events that outlive a borrow.
+    pub fn target_arc(&self) -> Arc<str> {
+        self.inner.target.clone()
+    }
+
+    /// Whether two handles are the same card.
+    pub fn same_card(&self, other: &EndpointCard) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// How many changes the card has seen. Increases by one on every effective write.
+    pub fn version(&self) -> u64 {
+        self.inner.version.load(Ordering::Acquire)
+    }
+
+    /// The current health line.
+    pub fn health(&self) -> Arc<HealthLine> {
+        self.inner.health.load_full()
+    }
+
+    /// The current quarantine line.
+    pub fn quarantine(&self) -> Arc<QuarantineLine> {
+        self.inner.quarantine.load_full()
+    }
+
+    /// The current breaker line.
+    pub fn breaker(&self) -> Arc<BreakerLine> {
+        self.inner.breaker.load_full()
+    }
+
+    /// The health verdict alone (no reference count touched: the cheapest read).
+    pub fn health_verdict(&self) -> HealthVerdict {
+        self.inner.health.load().state
+    }
+
+    /// The quarantine state alone.
+    pub fn quarantine_state(&self) -> Quarantine {
+        self.inner.quarantine.load().state
+    }
+
+    /// The breaker state alone.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.load().state
+    }
+
+    /// Publish a health verdict. Returns whether the line changed.
+    pub fn set_health(&self, verdict: HealthVerdict, reason: Option<Reason>) -> bool {
+        self.write(&self.inner.health, verdict, reason)
+    }
+
+    /// Quarantine the endpoint until `until`. Returns whether the line changed.
+    pub fn quarantine_until(&self, until: Instant, reason: Option<Reason>) -> bool {
+        self.write(
+            &self.inner.quarantine,
+            Quarantine { until: Some(until) },
+            reason,
+        )
+    }
+
+    /// Quarantine the endpoint for `duration` from now. Returns whether the line changed.
+    pub fn quarantine_for(&self, duration: Duration, reason: Option<Reason>) -> bool {
+        self.quarantine_until(Instant::now() + duration, reason)
+    }
+
+    /// Lift the quarantine. Returns whether the line changed.
+    pub fn clear_quarantine(&self) -> bool {
+        self.write(&self.inner.quarantine, Quarantine::NONE, None)
+    }
+
+    /// Publish the breaker's state. Returns whether the line changed.
+    pub fn set_breaker(&self, state: BreakerState, reason: Option<Reason>) -> bool {
+        self.write(&self.inner.breaker, state, reason)
+    }
+
+    fn write<T: PartialEq>(&self, line: &ArcSwap<Line<T>>, state: T, reason: Option<Reason>) -> bool {
+        // Compare-and-swap so that two writers of one line can never make a write that
+        // changes the state look like a no-op (and skip its wake-up).
+        let mut current = line.load();
+        let fresh = Arc::new(Line {
+            state,
+            reason,
+            since: Instant::now(),
+        });
+        loop {
+            if current.state == fresh.state && current.reason == fresh.reason {
+                return false;
+            }
+            let previous = line.compare_and_swap(&*current, Arc::clone(&fresh));
+            if Arc::ptr_eq(&*previous, &*current) {
+                break;
+            }
+            current = previous;
+        }
+        self.inner.version.fetch_add(1, Ordering::AcqRel);
+        self.inner.notify.notify_waiters();
+        true
+    }
+
+    /// A consistent-enough read of the whole card: each line is read atomically, the lines
+    /// one after the other (a write landing between two reads shows as the newer state of
+    /// that line and the [`version`](CardSnapshot::version) read first).
+    pub fn snapshot(&self) -> CardSnapshot {
+        let version = self.version();
+        CardSnapshot {
+            target: self.inner.target.clone(),
+            version,
+            health: self.inner.health.load_full(),
+            quarantine: self.inner.quarantine.load_full(),
+            breaker: self.inner.breaker.load_full(),
+        }
+    }
+
+    /// Whether every line admits calls now.
+    pub fn is_eligible(&self) -> bool {
+        self.is_eligible_ignoring(&[])
+    }
+
+    /// Whether every line except those in `ignore` admits calls now. Quarantine asks this
+    /// with `[LineKind::Quarantine]` to learn whether a peer is *otherwise* eligible.
+    pub fn is_eligible_ignoring(&self, ignore: &[LineKind]) -> bool {
+        if !ignore.contains(&LineKind::Health) && !self.health_verdict().admits() {
+            return false;
+        }
+        let mut now = None;
+        if !ignore.contains(&LineKind::Quarantine) {
+            let q = self.quarantine_state();
+            if q.until.is_some() && q.active_at(*now.get_or_insert_with(Instant::now)) {
+                return false;
+            }
+        }
+        if !ignore.contains(&LineKind::Breaker) {
+            let b = self.breaker_state();
+            if !matches!(b, BreakerState::Closed | BreakerState::Disabled)
+                && !b.admits_at(*now.get_or_insert_with(Instant::now))
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `Ok` when the endpoint is eligible now, otherwise every reason it is not.
+    pub fn eligibility(&self) -> Result<(), Ineligible> {
+        self.snapshot().eligibility_at(Instant::now())
+    }
+
+    /// A future that completes at the next change of any line after this call.
+    ///
+    /// Create it *before* reading the state you want to wait on: a change that lands between
+    /// the read and the first poll still completes it (no lost wake-up).
+    pub fn changed(&self) -> Changed {
+        Changed {
+            notified: Box::pin(self.inner.notify.clone().notified_owned()),
+        }
+    }
+
+    pub(crate) fn notified(&self) -> tokio::sync::futures::OwnedNotified {
+        self.inner.notify.clone().notified_owned()
+    }
+}
+
+/// Completes at the next change of the card after it was created. See [`EndpointCard::changed`].
+pub struct Changed {
+    notified: Pin<Box<tokio::sync::futures::OwnedNotified>>,
+}
+
+impl fmt::Debug for Changed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Changed").finish_non_exhaustive()
+    }
+}
+
+impl Future for Changed {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.notified.as_mut().poll(cx)
+    }
+}
+
+/// Every line of a card, read at one moment each.
+#[derive(Debug, Clone)]
+pub struct CardSnapshot {
+    /// The endpoint's name.
+    pub target: Arc<str>,
+    /// The card's version, read before the lines.
+    pub version: u64,
+    /// The health line.
+    pub health: Arc<HealthLine>,
+    /// The quarantine line.
+    pub quarantine: Arc<QuarantineLine>,
+    /// The breaker line.
+    pub breaker: Arc<BreakerLine>,
+}
+
+impl CardSnapshot {
+    /// `Ok` when every line admits calls at `now`; otherwise every reason it does not.
+    pub fn eligibility_at(&self, now: Instant) -> Result<(), Ineligible> {
+        let mut blocks = Vec::new();
+        if !self.health.state.admits() {
+            blocks.push(Block::Health {
+                verdict: self.health.state,
+                reason: self.health.reason.clone(),
+            });
+        }
+        if let Some(until) = self.quarantine.state.until.filter(|u| *u > now) {
+            blocks.push(Block::Quarantined {
+                remaining: until - now,
+                reason: self.quarantine.reason.clone(),
+            });
+        }
+        if !self.breaker.state.admits_at(now) {
+            let retry_in = match self.breaker.state {
+                BreakerState::Open { until } => Some(until.saturating_duration_since(now)),
+                _ => None,
+            };
+            blocks.push(Block::Breaker {
+                state: self.breaker.state,
+                retry_in,
+                reason: self.breaker.reason.clone(),
+            });
+        }
+        if blocks.is_empty() {
+            Ok(())
+        } else {
+            Err(Ineligible {
+                target: self.target.clone(),
+                blocks,
+            })
+        }
+    }
+}
+
+/// One reason an endpoint is not eligible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Block {
+    /// The health line shuts the gate.
+    Health {
+        /// The verdict ([`HealthVerdict::Unknown`] or [`HealthVerdict::Unhealthy`]).
+        verdict: HealthVerdict,
+        /// The checker's reason.
+        reason: Option<Reason>,
+    },
+    /// Quarantine shuts the gate for a while.
+    Quarantined {
+        /// How long the quarantine has left.
+        remaining: Duration,
+        /// What put the endpoint in quarantine.
+        reason: Option<Reason>,
+    },
+    /// The breaker refuses calls.
+    Breaker {
+        /// The breaker's state.
+        state: BreakerState,
+        /// When it will admit a probe call again, if it will on its own.
+        retry_in: Option<Duration>,
+        /// What tripped it.
+        reason: Option<Reason>,
+    },
+}
+
+impl Block {
+    /// Which line this block comes from.
+    pub fn line(&self) -> LineKind {
+        match self {
+            Block::Health { .. } => LineKind::Health,
+            Block::Quarantined { .. } => LineKind::Quarantine,
+            Block::Breaker { .. } => LineKind::Breaker,
+        }
+    }
+}
+
+/// Seconds with one decimal, as operators read them (`3.2 s`).
+pub(crate) struct Secs(pub(crate) Duration);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.1} s", self.0.as_secs_f64())
+    }
+}
+
+impl fmt::Display for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Block::Health { verdict, reason } => {
+                write!(f, "{verdict}")?;
+                if let Some(r) = reason {
+                    write!(f, " ({r})")?;
+                }
+                Ok(())
+            }
+            Block::Quarantined { remaining, reason } => {
+                write!(f, "quarantined {} more", Secs(*remaining))?;
+                if let Some(r) = reason {
+                    write!(f, " after {r}")?;
+                }
+                Ok(())
+            }
+            Block::Breaker {
+                state,
+                retry_in,
+                reason,
+            } => {
+                write!(f, "breaker {state}")?;
+                if let Some(d) = retry_in {
+                    write!(f, ", retry in {}", Secs(*d))?;
+                }
+                if let Some(r) = reason {
+                    write!(f, " after {r}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Why an endpoint is not eligible now: its name and every line that shuts it.
+///
+/// Displays as `b2: quarantined 3.2 s more after UNAVAILABLE: connection refused`
+/// (several blocks are joined with `; `).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ineligible {
+    /// The endpoint's name.
+    pub target: Arc<str>,
+    /// Every reason, in card order (health, quarantine, breaker). Never empty.
+    pub blocks: Vec<Block>,
+}
+
+impl Ineligible {
+    /// Whether `line` is among the reasons.
+    pub fn blocked_by(&self, line: LineKind) -> bool {
+        self.blocks.iter().any(|b| b.line() == line)
+    }
+}
+
+impl fmt::Display for Ineligible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.target)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{b}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Ineligible {}

@@ -1,0 +1,1 @@
+//! Workspace root package: owns the cross-crate `tests/` and `examples/`.
