@@ -312,7 +312,12 @@ impl EndpointCard {
         self.write(&self.inner.breaker, state, reason)
     }
 
-    fn write<T: PartialEq>(&self, line: &ArcSwap<Line<T>>, state: T, reason: Option<Reason>) -> bool {
+    fn write<T: PartialEq>(
+        &self,
+        line: &ArcSwap<Line<T>>,
+        state: T,
+        reason: Option<Reason>,
+    ) -> bool {
         // Compare-and-swap so that two writers of one line can never make a write that
         // changes the state look like a no-op (and skip its wake-up).
         let mut current = line.load();
@@ -586,3 +591,21 @@ impl fmt::Display for Ineligible {
 }
 
 impl std::error::Error for Ineligible {}
+
+/// A service that carries its endpoint's state card.
+///
+/// Every layer of the kit implements it for its service (returning the card it was built
+/// with), so that a balancer can read each endpoint's card directly — to keep an exact set of
+/// eligible endpoints and to say why one was skipped — without knowing which layers are in the
+/// stack. A service with no card returns `None`: it is always eligible, and its readiness
+/// still applies.
+pub trait HasCard {
+    /// This endpoint's card, if the stack has one.
+    fn card(&self) -> Option<&EndpointCard>;
+}
+
+impl HasCard for EndpointCard {
+    fn card(&self) -> Option<&EndpointCard> {
+        Some(self)
+    }
+}

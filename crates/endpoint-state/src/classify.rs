@@ -268,7 +268,9 @@ impl FailureCodes {
 
     /// Exactly these codes.
     pub fn from_codes(codes: impl IntoIterator<Item = Code>) -> Self {
-        codes.into_iter().fold(FailureCodes::NONE, FailureCodes::with)
+        codes
+            .into_iter()
+            .fold(FailureCodes::NONE, FailureCodes::with)
     }
 
     /// This set plus `code`.
@@ -290,7 +292,9 @@ impl FailureCodes {
 
     /// The codes in the set, in numeric order.
     pub fn iter(self) -> impl Iterator<Item = Code> {
-        (0..=16).map(Code::from_i32).filter(move |c| self.contains(*c))
+        (0..=16)
+            .map(Code::from_i32)
+            .filter(move |c| self.contains(*c))
     }
 
     /// What `outcome` means under this set.
@@ -309,9 +313,7 @@ fn bit(code: Code) -> u32 {
 
 impl fmt::Debug for FailureCodes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set()
-            .entries(self.iter().map(code_name))
-            .finish()
+        f.debug_set().entries(self.iter().map(code_name)).finish()
     }
 }
 
@@ -357,7 +359,11 @@ impl<O: OnOutcome> Drop for Reporter<O> {
 
 impl<O: OnOutcome> fmt::Debug for Reporter<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "Reporter(listening)" } else { "Reporter(done)" })
+        f.write_str(if self.0.is_some() {
+            "Reporter(listening)"
+        } else {
+            "Reporter(done)"
+        })
     }
 }
 
@@ -425,7 +431,10 @@ where
                         reporter.report(|| Outcome::Completed(status));
                     }
                 }
-                Poll::Ready(Ok(response.map(|body| ClassifiedBody { inner: body, reporter })))
+                Poll::Ready(Ok(response.map(|body| ClassifiedBody {
+                    inner: body,
+                    reporter,
+                })))
             }
         }
     }
@@ -608,5 +617,11 @@ where
 
     fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
         ResponseFuture::new(self.inner.call(req), Some(self.on_outcome.clone()))
+    }
+}
+
+impl<S: crate::HasCard, O> crate::HasCard for Classify<S, O> {
+    fn card(&self) -> Option<&crate::EndpointCard> {
+        self.inner.card()
     }
 }

@@ -58,7 +58,7 @@ pub mod gate;
 
 #[doc(inline)]
 pub use card::{
-    Block, BreakerLine, BreakerState, CardSnapshot, Changed, EndpointCard, HealthLine,
+    Block, BreakerLine, BreakerState, CardSnapshot, Changed, EndpointCard, HasCard, HealthLine,
     HealthVerdict, Ineligible, Line, LineKind, Quarantine, QuarantineLine, Reason,
 };
 #[doc(inline)]

@@ -41,11 +41,15 @@ fn breaker(i: u8, base: Instant) -> BreakerState {
 fn run(health: Vec<(u8, u8)>, quarantine: Vec<(u8, u8)>, breakers: Vec<(u8, u8)>) {
     let base = Instant::now();
     let card = EndpointCard::new("b1");
-    let reason = |r: u8| -> Option<Reason> { (r % 3 != 0).then(|| format!("r{}", r % 3).into()) };
+    let reason =
+        |r: u8| -> Option<Reason> { (!r.is_multiple_of(3)).then(|| format!("r{}", r % 3).into()) };
 
     // Expected effective writes: a write that repeats the line's current (state, reason) is a
     // no-op. Fresh card: NotChecked/None, no quarantine/None, Closed/None.
-    fn effective<T: PartialEq + Clone>(init: (T, Option<Reason>), seq: &[(T, Option<Reason>)]) -> u64 {
+    fn effective<T: PartialEq + Clone>(
+        init: (T, Option<Reason>),
+        seq: &[(T, Option<Reason>)],
+    ) -> u64 {
         let mut cur = init;
         let mut n = 0;
         for w in seq {
@@ -56,11 +60,14 @@ fn run(health: Vec<(u8, u8)>, quarantine: Vec<(u8, u8)>, breakers: Vec<(u8, u8)>
         }
         n
     }
-    let h: Vec<_> = health.iter().map(|&(s, r)| (verdict(s), reason(r))).collect();
+    let h: Vec<_> = health
+        .iter()
+        .map(|&(s, r)| (verdict(s), reason(r)))
+        .collect();
     let q: Vec<_> = quarantine
         .iter()
         .map(|&(s, r)| {
-            let until = (s % 2 == 1).then(|| base + Duration::from_secs(u64::from(s)));
+            let until = (!s.is_multiple_of(2)).then(|| base + Duration::from_secs(u64::from(s)));
             // Lifting a quarantine clears its reason too.
             let r = if until.is_some() { reason(r) } else { None };
             (Quarantine { until }, r)
@@ -143,13 +150,22 @@ fn run(health: Vec<(u8, u8)>, quarantine: Vec<(u8, u8)>, breakers: Vec<(u8, u8)>
 
     assert_eq!(card.version(), expected_version);
     if let Some((s, r)) = h.last() {
-        assert_eq!((card.health().state, card.health().reason.clone()), (*s, r.clone()));
+        assert_eq!(
+            (card.health().state, card.health().reason.clone()),
+            (*s, r.clone())
+        );
     }
     if let Some((s, r)) = q.last() {
-        assert_eq!((card.quarantine().state, card.quarantine().reason.clone()), (*s, r.clone()));
+        assert_eq!(
+            (card.quarantine().state, card.quarantine().reason.clone()),
+            (*s, r.clone())
+        );
     }
     if let Some((s, r)) = b.last() {
-        assert_eq!((card.breaker().state, card.breaker().reason.clone()), (*s, r.clone()));
+        assert_eq!(
+            (card.breaker().state, card.breaker().reason.clone()),
+            (*s, r.clone())
+        );
     }
 }
 
@@ -230,7 +246,13 @@ async fn summary_says_why() {
     tokio::time::advance(Duration::from_secs(4)).await;
     let why = card.eligibility().unwrap_err();
     assert_eq!(why.blocks.len(), 1);
-    assert!(matches!(why.blocks[0], Block::Health { verdict: HealthVerdict::Unhealthy, .. }));
+    assert!(matches!(
+        why.blocks[0],
+        Block::Health {
+            verdict: HealthVerdict::Unhealthy,
+            ..
+        }
+    ));
     card.set_health(HealthVerdict::Healthy, None);
     assert!(card.is_eligible());
 }
@@ -239,10 +261,16 @@ async fn summary_says_why() {
 fn a_fresh_card_admits_and_unknown_health_does_not() {
     let card = EndpointCard::new("b1");
     assert_eq!(card.health_verdict(), HealthVerdict::NotChecked);
-    assert!(card.is_eligible(), "no checker configured: health does not block");
+    assert!(
+        card.is_eligible(),
+        "no checker configured: health does not block"
+    );
     card.set_health(HealthVerdict::Unknown, None);
     assert!(!card.is_eligible(), "evidence only: unknown is not healthy");
-    assert_eq!(card.eligibility().unwrap_err().to_string(), "b1: health unknown");
+    assert_eq!(
+        card.eligibility().unwrap_err().to_string(),
+        "b1: health unknown"
+    );
 }
 
 #[test]

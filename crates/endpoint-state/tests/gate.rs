@@ -190,7 +190,11 @@ async fn no_spurious_re_polls() {
     });
 
     tokio::time::sleep(Duration::from_secs(600)).await;
-    assert_eq!(polls.load(Ordering::SeqCst), 1, "shut and idle: polled once, then left alone");
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        1,
+        "shut and idle: polled once, then left alone"
+    );
 
     // A quarantine with a deadline: one wake for the change, one at the deadline.
     card.set_health(HealthVerdict::Healthy, None);
@@ -200,7 +204,11 @@ async fn no_spurious_re_polls() {
     assert_eq!(polls.load(Ordering::SeqCst), 2);
     tokio::time::sleep(Duration::from_secs(21)).await;
     waiter.await.unwrap();
-    assert_eq!(polls.load(Ordering::SeqCst), 3, "ready at the deadline, no poll in between");
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        3,
+        "ready at the deadline, no poll in between"
+    );
 }
 
 #[tokio::test]
@@ -250,7 +258,11 @@ async fn ready_cache_keeps_a_shut_endpoint_and_brings_it_back() {
 
     let _ = t.enter(|cx, _| cache.poll_pending(cx));
     assert_eq!(cache.ready_len(), 1, "only the healthy endpoint is ready");
-    assert_eq!(cache.pending_len(), 1, "the shut endpoint waits; it is not evicted");
+    assert_eq!(
+        cache.pending_len(),
+        1,
+        "the shut endpoint waits; it is not evicted"
+    );
 
     // However often the cache is polled, the shut endpoint is never failed out.
     for _ in 0..10 {

@@ -1,0 +1,185 @@
+//! Classification edge cases that a real server rarely produces on demand: HTTP statuses
+//! without `grpc-status`, a body that ends without one, exactly-once reporting, and the
+//! mapping of error chains.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use endpoint_state::{
+    CallStatus, ClassifiedBody, FailureCodes, Outcome, OutcomeSource, ResponseFuture, Verdict,
+};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tonic::Code;
+
+type Seen = Arc<Mutex<Vec<Outcome>>>;
+
+fn listener(seen: &Seen) -> impl FnOnce(Outcome) + Send + Clone + 'static {
+    let seen = seen.clone();
+    move |o| seen.lock().unwrap().push(o)
+}
+
+/// A body of fixed frames.
+struct Frames(Vec<Frame<Bytes>>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready((!self.0.is_empty()).then(|| Ok(self.0.remove(0))))
+    }
+}
+
+fn trailers(code: &str, message: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("grpc-status", code.parse().unwrap());
+    if let Some(m) = message {
+        h.insert("grpc-message", m.parse().unwrap());
+    }
+    h
+}
+
+#[tokio::test]
+async fn http_status_without_grpc_status_is_mapped() {
+    for (http, code) in [
+        (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
+        (StatusCode::BAD_GATEWAY, Code::Unavailable),
+        (StatusCode::NOT_FOUND, Code::Unimplemented),
+        (StatusCode::UNAUTHORIZED, Code::Unauthenticated),
+        (StatusCode::IM_A_TEAPOT, Code::Unknown),
+    ] {
+        let seen = Seen::default();
+        let resp = Response::builder()
+            .status(http)
+            .body(Frames(vec![]))
+            .unwrap();
+        let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
+        let body = fut.await.unwrap().into_body();
+        drop(body.collect().await);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "{http}: reported once");
+        let status = seen[0].status().unwrap();
+        assert_eq!(
+            (status.code, status.source),
+            (code, OutcomeSource::HttpStatus),
+            "{http}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_ends_without_a_status_is_unknown() {
+    let seen = Seen::default();
+    let body = ClassifiedBody::new(
+        Frames(vec![Frame::data(Bytes::from_static(b"x"))]),
+        Some(listener(&seen)),
+    );
+    drop(body.collect().await);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].status().unwrap().code, Code::Unknown);
+    assert_eq!(
+        seen[0].status().unwrap().source,
+        OutcomeSource::MissingStatus
+    );
+}
+
+#[tokio::test]
+async fn reported_exactly_once_even_when_polled_past_the_end_and_dropped() {
+    let seen = Seen::default();
+    let mut body = ClassifiedBody::new(
+        Frames(vec![
+            Frame::data(Bytes::from_static(b"x")),
+            Frame::trailers(trailers("13", Some("boom%21"))),
+        ]),
+        Some(listener(&seen)),
+    );
+    while body.frame().await.is_some() {}
+    assert!(body.frame().await.is_none());
+    drop(body);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let s = seen[0].status().unwrap();
+    assert_eq!((s.code, s.message.as_str()), (Code::Internal, "boom!"));
+    assert_eq!(s.to_string(), "INTERNAL: boom!");
+}
+
+#[tokio::test]
+async fn trailers_only_is_reported_at_the_headers_and_not_again() {
+    let seen = Seen::default();
+    let resp = Response::builder()
+        .header("grpc-status", "14")
+        .header("grpc-message", "going away")
+        .body(Frames(vec![]))
+        .unwrap();
+    let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
+    let body = fut.await.unwrap().into_body();
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "known before the body is read"
+    );
+    drop(body); // dropping the body now is not an abandonment: the outcome is known
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].status().unwrap().source, OutcomeSource::Headers);
+    assert_eq!(seen[0].status().unwrap().code, Code::Unavailable);
+}
+
+#[test]
+fn error_chains() {
+    // tonic's own local timeout arrives as CANCELLED "Timeout expired".
+    let s = CallStatus::from_error(&tonic::Status::cancelled("Timeout expired"));
+    assert_eq!(s.code, Code::DeadlineExceeded);
+    // A cancellation for another reason stays CANCELLED.
+    let s = CallStatus::from_error(&tonic::Status::cancelled("client went away"));
+    assert_eq!(s.code, Code::Cancelled);
+    // tower's timeout.
+    let s = CallStatus::from_error(&tower::timeout::error::Elapsed::new());
+    assert_eq!(s.code, Code::DeadlineExceeded);
+    // Anything else below the codec is transport: UNAVAILABLE, with the chain in words.
+    let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+    let s = CallStatus::from_error(&io);
+    assert_eq!(s.code, Code::Unavailable);
+    assert_eq!(s.to_string(), "UNAVAILABLE: connection refused");
+}
+
+#[test]
+fn failure_code_sets() {
+    let q = FailureCodes::quarantine_default();
+    let b = FailureCodes::breaker_default();
+    let done = |code| Outcome::Completed(CallStatus::new(code, OutcomeSource::Trailers));
+    assert_eq!(q.classify(&done(Code::Unavailable)), Verdict::Failure);
+    assert_eq!(q.classify(&done(Code::DeadlineExceeded)), Verdict::Failure);
+    assert_eq!(q.classify(&done(Code::Internal)), Verdict::Success);
+    assert_eq!(b.classify(&done(Code::Internal)), Verdict::Failure);
+    for client_error in [
+        Code::InvalidArgument,
+        Code::NotFound,
+        Code::PermissionDenied,
+        Code::AlreadyExists,
+        Code::FailedPrecondition,
+        Code::Ok,
+    ] {
+        assert_eq!(
+            b.classify(&done(client_error)),
+            Verdict::Success,
+            "{client_error:?}"
+        );
+    }
+    assert_eq!(b.classify(&Outcome::Abandoned), Verdict::Ignored);
+    let custom = FailureCodes::from_codes([Code::Aborted]);
+    assert_eq!(custom.classify(&done(Code::Aborted)), Verdict::Failure);
+    assert_eq!(custom.classify(&done(Code::Unavailable)), Verdict::Success);
+    assert_eq!(
+        format!("{b:?}"),
+        "{\"UNKNOWN\", \"DEADLINE_EXCEEDED\", \"RESOURCE_EXHAUSTED\", \"INTERNAL\", \"UNAVAILABLE\", \"DATA_LOSS\"}"
+    );
+}

@@ -1,0 +1,49 @@
+//! Real tonic test servers on loopback, for grpc-client-kit's integration tests, examples and
+//! benchmarks.
+//!
+//! Each [`Backend`] is a tonic server on `127.0.0.1` (a free port, kept across restarts) serving
+//! `grpc.health.v1.Health` (from `tonic-health`) and a small test service,
+//! `gck.test.v1.TestService` ([`pb`]), whose every reply names the backend. A backend handle can
+//! flip health, slow calls down, make them fail with a chosen code, stop abruptly (RST) or
+//! gracefully, restart on the same port, or turn into a [`BlackHole`] (accepts TCP, never
+//! answers); it counts calls, health checks and connections and records the last request's
+//! headers.
+//!
+//! ```
+//! use std::time::Duration;
+//! use test_backends::Backends;
+//! use test_backends::pb::{Ping, test_service_client::TestServiceClient};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backends = Backends::start(2).await?;
+//! let mut client = TestServiceClient::connect(backends[1].uri()).await?;
+//!
+//! let pong = client.unary(Ping { payload: "hi".into() }).await?.into_inner();
+//! assert_eq!((pong.backend.as_str(), pong.payload.as_str()), ("b1", "hi"));
+//!
+//! backends[1].fail_next(1, tonic::Code::Unavailable);
+//! let status = client.unary(Ping::default()).await.unwrap_err();
+//! assert_eq!(status.code(), tonic::Code::Unavailable);
+//! assert_eq!(backends[1].hits(), 2);
+//!
+//! backends[1].set_delay(Duration::from_millis(10));
+//! backends[1].set_serving(false).await; // health of "" is now NOT_SERVING
+//!
+//! backends[1].stop().await; // connections reset, port refuses connections
+//! assert!(client.unary(Ping::default()).await.is_err());
+//! backends[1].restart().await?; // same port, health state kept
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod black_hole;
+mod conn;
+pub mod pb;
+mod service;
+
+pub use backend::{Backend, Backends, Mode};
+pub use black_hole::BlackHole;
+#[doc(no_inline)]
+pub use tonic_health::ServingStatus;

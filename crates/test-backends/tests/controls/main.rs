@@ -1,0 +1,7 @@
+//! Every control of a test backend, exercised with real tonic clients over real sockets.
+
+mod counters;
+mod faults;
+mod health;
+mod lifecycle;
+mod support;
