@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use endpoint_state::{
     ClassifiedBody, EndpointCard, Gate, GateCheck, HealthVerdict, LineKind, Outcome,
 };
@@ -49,13 +49,14 @@ impl Body for Reply {
 }
 
 /// Read a body to its end, the way tonic's decoder does.
-fn drain<B: Body>(body: B) -> usize {
+/// Read a body to its end, the way tonic's decoder does; the frames are returned so that
+/// dropping them stays outside the measurement.
+fn drain<B: Body>(body: B) -> Vec<Frame<B::Data>> {
     let mut body = std::pin::pin!(body);
     let mut cx = Context::from_waker(Waker::noop());
-    let mut frames = 0;
+    let mut frames = Vec::with_capacity(2);
     while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
-        black_box(&frame.ok());
-        frames += 1;
+        frames.extend(frame.ok());
     }
     frames
 }
@@ -73,30 +74,26 @@ fn body(c: &mut Criterion) {
         b.iter(|| drain(ClassifiedBody::new(Reply::new(&ok), None::<fn(Outcome)>)))
     });
     let seen = Arc::new(AtomicUsize::new(0));
+    let listener = |seen: &Arc<AtomicUsize>| {
+        let seen = seen.clone();
+        move |o: Outcome| {
+            black_box(&o);
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     g.bench_function("classified/listener_ok", |b| {
-        b.iter(|| {
-            let seen = seen.clone();
-            drain(ClassifiedBody::new(
-                Reply::new(&ok),
-                Some(move |o: Outcome| {
-                    if matches!(o, Outcome::Completed(_)) {
-                        seen.fetch_add(1, Ordering::Relaxed);
-                    }
-                }),
-            ))
-        })
+        b.iter_batched(
+            || ClassifiedBody::new(Reply::new(&ok), Some(listener(&seen))),
+            drain,
+            BatchSize::SmallInput,
+        )
     });
     g.bench_function("classified/listener_error", |b| {
-        b.iter(|| {
-            let seen = seen.clone();
-            drain(ClassifiedBody::new(
-                Reply::new(&unavailable),
-                Some(move |o: Outcome| {
-                    black_box(&o);
-                    seen.fetch_add(1, Ordering::Relaxed);
-                }),
-            ))
-        })
+        b.iter_batched(
+            || ClassifiedBody::new(Reply::new(&unavailable), Some(listener(&seen))),
+            drain,
+            BatchSize::SmallInput,
+        )
     });
     g.finish();
     assert!(seen.load(Ordering::Relaxed) > 0);
@@ -134,7 +131,7 @@ fn card(c: &mut Criterion) {
     g.bench_function("gate_poll_open/open", |b| {
         b.iter(|| {
             gate.poll_open(&mut cx, |c| {
-                if c.health_verdict().admits() {
+                if c.health_admits() {
                     GateCheck::Open
                 } else {
                     GateCheck::Shut

@@ -10,7 +10,8 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -160,15 +161,37 @@ struct Inner {
     health: ArcSwap<HealthLine>,
     quarantine: ArcSwap<QuarantineLine>,
     breaker: ArcSwap<BreakerLine>,
+    /// One bit per line, set while that line admits calls unconditionally: a single atomic
+    /// load answers "eligible?" in the common case.
+    fast: AtomicU8,
+    /// Serializes writers (never readers): a write is rare, and the lock keeps each line,
+    /// its bit and the version in step.
+    write: Mutex<()>,
     version: AtomicU64,
     notify: Arc<Notify>,
 }
 
+const HEALTH_ADMITS: u8 = 1;
+const NOT_QUARANTINED: u8 = 2;
+const BREAKER_CLOSED: u8 = 4;
+
+fn line_bit(kind: LineKind) -> u8 {
+    match kind {
+        LineKind::Health => HEALTH_ADMITS,
+        LineKind::Quarantine => NOT_QUARANTINED,
+        LineKind::Breaker => BREAKER_CLOSED,
+    }
+}
+
 /// One endpoint's shared state card.
 ///
-/// Cloning is cheap (one `Arc`); every clone is the same card. Reads never lock. Writes replace
-/// one line, bump [`version`](Self::version) and wake every waiter; a write that would not change
-/// the line (same state and same reason) is skipped and wakes nobody.
+/// Cloning is cheap (one `Arc`); every clone is the same card. Reads never lock: each line is
+/// an atomically swapped snapshot, and a one-byte summary answers [`is_eligible`](Self::is_eligible)
+/// and [`health_admits`](Self::health_admits) with a single atomic load. Writes are rare (they
+/// are transitions) and take a short writer-only lock, so that a line, its summary bit and the
+/// version move together; each replaces one line, bumps [`version`](Self::version) and then
+/// wakes every waiter. A write that would not change the line (same state and same reason) is
+/// skipped and wakes nobody.
 ///
 /// ```
 /// use endpoint_state::{EndpointCard, HealthVerdict};
@@ -227,6 +250,8 @@ impl EndpointCard {
                     reason: None,
                     since: now,
                 }),
+                fast: AtomicU8::new(HEALTH_ADMITS | NOT_QUARANTINED | BREAKER_CLOSED),
+                write: Mutex::new(()),
                 version: AtomicU64::new(0),
                 notify: Arc::new(Notify::new()),
             }),
@@ -268,7 +293,13 @@ impl EndpointCard {
         self.inner.breaker.load_full()
     }
 
-    /// The health verdict alone (no reference count touched: the cheapest read).
+    /// Whether the health line admits calls (one atomic load: what a health gate asks on
+    /// every `poll_ready`).
+    pub fn health_admits(&self) -> bool {
+        self.inner.fast.load(Ordering::Acquire) & HEALTH_ADMITS != 0
+    }
+
+    /// The health verdict alone (no reference count touched).
     pub fn health_verdict(&self) -> HealthVerdict {
         self.inner.health.load().state
     }
@@ -285,15 +316,24 @@ impl EndpointCard {
 
     /// Publish a health verdict. Returns whether the line changed.
     pub fn set_health(&self, verdict: HealthVerdict, reason: Option<Reason>) -> bool {
-        self.write(&self.inner.health, verdict, reason)
+        let admits = verdict.admits();
+        self.write(
+            LineKind::Health,
+            &self.inner.health,
+            verdict,
+            reason,
+            admits,
+        )
     }
 
     /// Quarantine the endpoint until `until`. Returns whether the line changed.
     pub fn quarantine_until(&self, until: Instant, reason: Option<Reason>) -> bool {
         self.write(
+            LineKind::Quarantine,
             &self.inner.quarantine,
             Quarantine { until: Some(until) },
             reason,
+            false,
         )
     }
 
@@ -304,39 +344,62 @@ impl EndpointCard {
 
     /// Lift the quarantine. Returns whether the line changed.
     pub fn clear_quarantine(&self) -> bool {
-        self.write(&self.inner.quarantine, Quarantine::NONE, None)
+        self.write(
+            LineKind::Quarantine,
+            &self.inner.quarantine,
+            Quarantine::NONE,
+            None,
+            true,
+        )
     }
 
     /// Publish the breaker's state. Returns whether the line changed.
     pub fn set_breaker(&self, state: BreakerState, reason: Option<Reason>) -> bool {
-        self.write(&self.inner.breaker, state, reason)
+        let closed = matches!(state, BreakerState::Closed | BreakerState::Disabled);
+        self.write(
+            LineKind::Breaker,
+            &self.inner.breaker,
+            state,
+            reason,
+            closed,
+        )
     }
 
+    /// Replace one line. `admits` says whether the new state admits calls unconditionally
+    /// (the line's bit in the fast word).
     fn write<T: PartialEq>(
         &self,
+        kind: LineKind,
         line: &ArcSwap<Line<T>>,
         state: T,
         reason: Option<Reason>,
+        admits: bool,
     ) -> bool {
-        // Compare-and-swap so that two writers of one line can never make a write that
-        // changes the state look like a no-op (and skip its wake-up).
-        let mut current = line.load();
-        let fresh = Arc::new(Line {
-            state,
-            reason,
-            since: Instant::now(),
-        });
-        loop {
-            if current.state == fresh.state && current.reason == fresh.reason {
+        {
+            // A poisoned lock only means another writer panicked between two stores; every
+            // store below is whole, so carry on.
+            let _writing = self
+                .inner
+                .write
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let current = line.load();
+            if current.state == state && current.reason == reason {
                 return false;
             }
-            let previous = line.compare_and_swap(&*current, Arc::clone(&fresh));
-            if Arc::ptr_eq(&*previous, &*current) {
-                break;
+            line.store(Arc::new(Line {
+                state,
+                reason,
+                since: Instant::now(),
+            }));
+            let bit = line_bit(kind);
+            if admits {
+                self.inner.fast.fetch_or(bit, Ordering::AcqRel);
+            } else {
+                self.inner.fast.fetch_and(!bit, Ordering::AcqRel);
             }
-            current = previous;
+            self.inner.version.fetch_add(1, Ordering::AcqRel);
         }
-        self.inner.version.fetch_add(1, Ordering::AcqRel);
         self.inner.notify.notify_waiters();
         true
     }
@@ -363,23 +426,31 @@ impl EndpointCard {
     /// Whether every line except those in `ignore` admits calls now. Quarantine asks this
     /// with `[LineKind::Quarantine]` to learn whether a peer is *otherwise* eligible.
     pub fn is_eligible_ignoring(&self, ignore: &[LineKind]) -> bool {
-        if !ignore.contains(&LineKind::Health) && !self.health_verdict().admits() {
+        let mask = ignore
+            .iter()
+            .fold(HEALTH_ADMITS | NOT_QUARANTINED | BREAKER_CLOSED, |m, k| {
+                m & !line_bit(*k)
+            });
+        let fast = self.inner.fast.load(Ordering::Acquire);
+        if fast & mask == mask {
+            return true;
+        }
+        if mask & HEALTH_ADMITS != 0 && fast & HEALTH_ADMITS == 0 {
             return false;
         }
-        let mut now = None;
-        if !ignore.contains(&LineKind::Quarantine) {
-            let q = self.quarantine_state();
-            if q.until.is_some() && q.active_at(*now.get_or_insert_with(Instant::now)) {
-                return false;
-            }
+        // A quarantine or an open breaker may have expired with time alone: read the line.
+        let now = Instant::now();
+        if mask & NOT_QUARANTINED != 0
+            && fast & NOT_QUARANTINED == 0
+            && self.quarantine_state().active_at(now)
+        {
+            return false;
         }
-        if !ignore.contains(&LineKind::Breaker) {
-            let b = self.breaker_state();
-            if !matches!(b, BreakerState::Closed | BreakerState::Disabled)
-                && !b.admits_at(*now.get_or_insert_with(Instant::now))
-            {
-                return false;
-            }
+        if mask & BREAKER_CLOSED != 0
+            && fast & BREAKER_CLOSED == 0
+            && !self.breaker_state().admits_at(now)
+        {
+            return false;
         }
         true
     }

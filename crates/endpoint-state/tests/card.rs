@@ -23,7 +23,7 @@ fn breaker(i: u8, base: Instant) -> BreakerState {
     match i % 5 {
         0 => BreakerState::Closed,
         1 => BreakerState::Open {
-            until: base + Duration::from_secs(u64::from(i)),
+            until: base + Duration::from_secs(3600 * u64::from(i)),
         },
         2 => BreakerState::HalfOpen,
         3 => BreakerState::ForcedOpen,
@@ -67,7 +67,8 @@ fn run(health: Vec<(u8, u8)>, quarantine: Vec<(u8, u8)>, breakers: Vec<(u8, u8)>
     let q: Vec<_> = quarantine
         .iter()
         .map(|&(s, r)| {
-            let until = (!s.is_multiple_of(2)).then(|| base + Duration::from_secs(u64::from(s)));
+            let until =
+                (!s.is_multiple_of(2)).then(|| base + Duration::from_secs(3600 * u64::from(s)));
             // Lifting a quarantine clears its reason too.
             let r = if until.is_some() { reason(r) } else { None };
             (Quarantine { until }, r)
@@ -149,6 +150,18 @@ fn run(health: Vec<(u8, u8)>, quarantine: Vec<(u8, u8)>, breakers: Vec<(u8, u8)>
     }
 
     assert_eq!(card.version(), expected_version);
+    // At rest, the one-load summary agrees with the lines.
+    let now = Instant::now();
+    assert_eq!(
+        card.is_eligible(),
+        card.snapshot().eligibility_at(now).is_ok()
+    );
+    assert_eq!(card.health_admits(), card.health_verdict().admits());
+    let snap = card.snapshot();
+    assert_eq!(
+        card.is_eligible_ignoring(&[endpoint_state::LineKind::Quarantine]),
+        snap.health.state.admits() && snap.breaker.state.admits_at(now)
+    );
     if let Some((s, r)) = h.last() {
         assert_eq!(
             (card.health().state, card.health().reason.clone()),
@@ -182,7 +195,7 @@ proptest! {
 }
 
 /// Two writers of the same line racing: every write that changes the line bumps the version
-/// and the last writer's value stays (compare-and-swap, not load-then-store).
+/// and the last writer's value stays (no write that changes the line is mistaken for a no-op).
 #[test]
 fn racing_writers_of_one_line_never_lose_a_change() {
     for _ in 0..50 {
