@@ -488,13 +488,18 @@ where
     type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
+        if !this.reporter.is_listening() {
+            // Nobody listens (or the outcome is known): a plain tail call, nothing copied.
+            return this.inner.poll_frame(cx);
+        }
         let frame = ready!(this.inner.poll_frame(cx));
-        if this.reporter.is_listening() {
+        {
             match &frame {
                 Some(Ok(f)) => {
                     if let Some(trailers) = f.trailers_ref() {
