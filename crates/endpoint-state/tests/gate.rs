@@ -282,3 +282,61 @@ async fn ready_cache_keeps_a_shut_endpoint_and_brings_it_back() {
     send.send_response(());
     fut.await.unwrap();
 }
+
+/// The gate's contract where it matters: tower's own p2c balancer over three real tonic
+/// backends. A shut endpoint is skipped (not evicted, not failed) and gets calls again once
+/// its line opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2c_balancer_skips_a_shut_endpoint_and_returns_to_it() {
+    use test_backends::Backends;
+    use test_backends::pb::Ping;
+    use test_backends::pb::test_service_client::TestServiceClient;
+    use tower::balance::p2c::Balance;
+    use tower::discover::ServiceList;
+    use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
+
+    let backends = Backends::start(3).await.unwrap();
+    let cards: Vec<EndpointCard> = backends
+        .iter()
+        .map(|b| EndpointCard::new(b.name()))
+        .collect();
+    let mut endpoints = Vec::new();
+    for (b, card) in backends.iter().zip(&cards) {
+        let channel = tonic::transport::Endpoint::from_shared(b.uri())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        endpoints.push(Gated::new(card, channel));
+    }
+    let discover =
+        PendingRequestsDiscover::new(ServiceList::new(endpoints), CompleteOnResponse::default());
+    let balance = Balance::new(discover);
+    let mut client = TestServiceClient::new(tower::buffer::Buffer::new(balance, 64));
+
+    let mut calls = async |n: usize| {
+        for _ in 0..n {
+            client
+                .unary(Ping::default())
+                .await
+                .expect("a healthy backend answers");
+        }
+    };
+    calls(30).await;
+    assert!(
+        backends.iter().all(|b| b.hits() > 0),
+        "all three take calls"
+    );
+
+    cards[1].set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
+    let before = backends[1].hits();
+    calls(60).await;
+    assert_eq!(backends[1].hits(), before, "a shut endpoint gets no call");
+
+    cards[1].set_health(HealthVerdict::Healthy, Some("SERVING".into()));
+    calls(60).await;
+    assert!(
+        backends[1].hits() > before,
+        "once open it is back in rotation"
+    );
+}
