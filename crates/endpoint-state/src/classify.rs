@@ -25,6 +25,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tonic::Code;
 
+/// `grpc-status`, as a ready header name (a string key would be parsed on every lookup).
+static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
 /// The error type of the classifying wrappers (tower's usual boxed error).
 pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
@@ -136,7 +139,7 @@ impl CallStatus {
 
     /// The status carried by `grpc-status` (and `grpc-message`) in `headers`, if any.
     pub fn from_headers(headers: &HeaderMap, source: OutcomeSource) -> Option<Self> {
-        let value = headers.get("grpc-status")?;
+        let value = headers.get(&GRPC_STATUS)?;
         let code = value
             .to_str()
             .ok()
