@@ -1,0 +1,563 @@
+//! The breaker's state machine, shared by every clone of a [`Breaker`](crate::Breaker) and
+//! its [`BreakerHandle`](crate::BreakerHandle).
+//!
+//! The request path reads one atomic word (mode, free half-open permits, generation); a half-
+//! open permit is taken and given back with a compare-and-swap on that word. Outcomes in the
+//! closed state touch only atomics (the consecutive-failure count, or a window). A transition
+//! is rare: it takes a short lock (never held across an `.await`), stores the new word,
+//! publishes the new state on the endpoint's card (which wakes every waiter) and sends an
+//! event.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use endpoint_state::{BreakerState, EndpointCard, Outcome, Reason, Verdict};
+use tokio::sync::{Notify, broadcast};
+use tokio::time::Instant;
+
+use crate::config::{BreakerConfig, TripPolicy, Window};
+use crate::handle::Transition;
+use crate::window::{Counter, FAILED, SLOW, Totals};
+
+/// The breaker's mode, as packed in the state word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Closed = 0,
+    Open = 1,
+    HalfOpen = 2,
+    ForcedOpen = 3,
+    Disabled = 4,
+}
+
+const MODE_BITS: u32 = 3;
+const MODE_MASK: u64 = (1 << MODE_BITS) - 1;
+const PERMIT_BITS: u32 = 16;
+const PERMIT_ONE: u64 = 1 << MODE_BITS;
+const PERMIT_MASK: u64 = ((1 << PERMIT_BITS) - 1) << MODE_BITS;
+const GEN_SHIFT: u32 = MODE_BITS + PERMIT_BITS;
+
+/// A copy of the state word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Word(u64);
+
+impl Word {
+    fn new(mode: Mode, permits: u32, generation: u64) -> Self {
+        Word(generation << GEN_SHIFT | u64::from(permits) << MODE_BITS | mode as u64)
+    }
+
+    pub(crate) fn mode(self) -> Mode {
+        match self.0 & MODE_MASK {
+            0 => Mode::Closed,
+            1 => Mode::Open,
+            2 => Mode::HalfOpen,
+            3 => Mode::ForcedOpen,
+            _ => Mode::Disabled,
+        }
+    }
+
+    pub(crate) fn permits(self) -> u32 {
+        ((self.0 & PERMIT_MASK) >> MODE_BITS) as u32
+    }
+
+    /// Every transition starts a new generation: outcomes of calls admitted in an older one
+    /// are not counted, and their permits are not given back to a newer one.
+    pub(crate) fn generation(self) -> u64 {
+        self.0 >> GEN_SHIFT
+    }
+}
+
+/// The state of the transition side, behind the lock.
+#[derive(Debug)]
+struct Machine {
+    /// Open periods in a row since the breaker last closed (the backoff exponent).
+    trips: u32,
+    /// Probe calls that succeeded in the current half-open period.
+    probes_ok: u32,
+    /// The reason of the last trip, kept to explain the half-open period after it.
+    trip_reason: Option<Reason>,
+    /// The published state (what `from` is in the next event).
+    published: BreakerState,
+}
+
+pub(crate) struct Shared {
+    pub(crate) card: EndpointCard,
+    pub(crate) config: BreakerConfig,
+    origin: Instant,
+    word: AtomicU64,
+    /// The end of the current open period, in nanoseconds since `origin`.
+    open_until: AtomicU64,
+    consecutive: AtomicU32,
+    failure_window: Option<Counter>,
+    slow_window: Option<Counter>,
+    /// Whether an outcome needs the call's duration (slow calls) at all.
+    pub(crate) timed: bool,
+    machine: Mutex<Machine>,
+    /// Woken when a half-open permit is given back (not a card change).
+    pub(crate) permits_freed: Arc<Notify>,
+    events: broadcast::Sender<Transition>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self.load();
+        f.debug_struct("Breaker")
+            .field("target", &self.card.target())
+            .field("mode", &w.mode())
+            .field("free_permits", &w.permits())
+            .field("generation", &w.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// A closed breaker for `card`. `config` has been validated.
+    pub(crate) fn new(card: EndpointCard, config: BreakerConfig) -> Self {
+        let origin = Instant::now();
+        let failure_window = match config.trip {
+            TripPolicy::FailureRate { window, .. } => Some(Counter::new(window, origin)),
+            TripPolicy::ConsecutiveFailures(_) => None,
+        };
+        let slow_window = config.slow_calls.map(|s| Counter::new(s.window, origin));
+        let (events, _) = broadcast::channel(config.events_capacity);
+        card.set_breaker(BreakerState::Closed, None);
+        Shared {
+            timed: config.slow_calls.is_some(),
+            card,
+            origin,
+            word: AtomicU64::new(Word::new(Mode::Closed, 0, 0).0),
+            open_until: AtomicU64::new(0),
+            consecutive: AtomicU32::new(0),
+            failure_window,
+            slow_window,
+            machine: Mutex::new(Machine {
+                trips: 0,
+                probes_ok: 0,
+                trip_reason: None,
+                published: BreakerState::Closed,
+            }),
+            permits_freed: Arc::new(Notify::new()),
+            events,
+            config,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn load(&self) -> Word {
+        Word(self.word.load(Ordering::Acquire))
+    }
+
+    /// When the current open period ends (meaningful while the mode is `Open`).
+    pub(crate) fn open_until(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.open_until.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Transition> {
+        self.events.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Machine> {
+        // Every store under the lock is whole; a panic elsewhere leaves nothing half-done.
+        self.machine
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    // ----- permits -----
+
+    /// Takes a half-open permit if `w` (the word just read) is half-open with one free.
+    pub(crate) fn try_take_permit(self: &Arc<Self>, mut w: Word) -> Option<Permit> {
+        loop {
+            if w.mode() != Mode::HalfOpen || w.permits() == 0 {
+                return None;
+            }
+            match self.word.compare_exchange_weak(
+                w.0,
+                w.0 - PERMIT_ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Some(Permit {
+                        shared: Arc::clone(self),
+                        generation: w.generation(),
+                        live: true,
+                    });
+                }
+                Err(actual) => w = Word(actual),
+            }
+        }
+    }
+
+    /// Gives a permit of `generation` back, if that half-open period is still current.
+    fn release_permit(&self, generation: u64) {
+        let mut w = self.load();
+        loop {
+            if w.mode() != Mode::HalfOpen || w.generation() != generation {
+                return;
+            }
+            match self.word.compare_exchange_weak(
+                w.0,
+                w.0 + PERMIT_ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => w = Word(actual),
+            }
+        }
+        tracing::debug!(target = %self.card.target(), "breaker: half-open permit given back");
+        self.permits_freed.notify_waiters();
+    }
+
+    // ----- outcomes -----
+
+    /// A call admitted while closed (in `generation`) ended.
+    pub(crate) fn record_closed(
+        &self,
+        generation: u64,
+        outcome: &Outcome,
+        duration: Option<Duration>,
+    ) {
+        let verdict = self.config.failure_codes.classify(outcome);
+        if verdict == Verdict::Ignored || self.load().generation() != generation {
+            return;
+        }
+        let failed = verdict == Verdict::Failure;
+        let slow = self.is_slow(duration);
+        // Read the clock at most once, and only for a time window.
+        let mut clock = None;
+        let mut now = || *clock.get_or_insert_with(Instant::now);
+
+        match self.config.trip {
+            TripPolicy::ConsecutiveFailures(limit) => {
+                if failed {
+                    let n = self.consecutive.fetch_add(1, Ordering::AcqRel) + 1;
+                    if n >= limit {
+                        self.trip(generation, || {
+                            format!(
+                                "{n} consecutive failure{} (last: {})",
+                                if n == 1 { "" } else { "s" },
+                                last_status(outcome)
+                            )
+                        });
+                        return;
+                    }
+                } else if self.consecutive.load(Ordering::Relaxed) != 0 {
+                    self.consecutive.store(0, Ordering::Relaxed);
+                }
+            }
+            TripPolicy::FailureRate {
+                threshold,
+                window,
+                min_calls,
+            } => {
+                let flags = if failed { FAILED } else { 0 };
+                let window_counter = self
+                    .failure_window
+                    .as_ref()
+                    .expect("rate policy has a window");
+                let t = window_counter.record(flags, &mut now);
+                // Judged on every call: the minimum may be reached by a success.
+                if reaches(t.failures, t.calls, threshold, min_calls) {
+                    self.trip(generation, || {
+                        let mut why = format!(
+                            "failure rate {} ({} of {} calls) {} reached {}",
+                            percent(t.failures, t.calls),
+                            t.failures,
+                            t.calls,
+                            describe(window),
+                            percent_f(threshold),
+                        );
+                        if failed {
+                            why.push_str(&format!(" (last: {})", last_status(outcome)));
+                        }
+                        why
+                    });
+                    return;
+                }
+            }
+        }
+
+        if let (Some(policy), Some(counter)) = (&self.config.slow_calls, &self.slow_window) {
+            let t: Totals = counter.record(if slow { SLOW } else { 0 }, &mut now);
+            if reaches(t.slow, t.calls, policy.rate, policy.min_calls) {
+                self.trip(generation, || {
+                    format!(
+                        "slow-call rate {} ({} of {} calls took {:.1} s or more) {} reached {}",
+                        percent(t.slow, t.calls),
+                        t.slow,
+                        t.calls,
+                        policy.threshold.as_secs_f64(),
+                        describe(policy.window),
+                        percent_f(policy.rate),
+                    )
+                });
+            }
+        }
+    }
+
+    /// A probe call ended.
+    pub(crate) fn record_probe(
+        &self,
+        mut permit: Permit,
+        outcome: &Outcome,
+        duration: Option<Duration>,
+    ) {
+        let verdict = self.config.failure_codes.classify(outcome);
+        if verdict == Verdict::Ignored {
+            // Abandoned: the permit goes back (when `permit` drops).
+            return;
+        }
+        permit.live = false;
+        let generation = permit.generation;
+        let slow = self.is_slow(duration);
+        let mut m = self.lock();
+        let w = self.load();
+        if w.mode() != Mode::HalfOpen || w.generation() != generation {
+            return;
+        }
+        if verdict == Verdict::Failure || slow {
+            let why = if verdict == Verdict::Failure {
+                format!("probe call failed: {}", last_status(outcome))
+            } else {
+                format!(
+                    "probe call took {:.1} s (slow from {:.1} s)",
+                    duration.unwrap_or_default().as_secs_f64(),
+                    self.config
+                        .slow_calls
+                        .map(|s| s.threshold)
+                        .unwrap_or_default()
+                        .as_secs_f64()
+                )
+            };
+            self.open_locked(&mut m, w, why.into());
+        } else {
+            m.probes_ok += 1;
+            if m.probes_ok >= self.config.half_open_permits {
+                let why = if self.config.half_open_permits == 1 {
+                    "probe call succeeded".to_owned()
+                } else {
+                    format!("{} probe calls succeeded", m.probes_ok)
+                };
+                self.close_locked(&mut m, w, why.into());
+            }
+        }
+    }
+
+    fn is_slow(&self, duration: Option<Duration>) -> bool {
+        match (&self.config.slow_calls, duration) {
+            (Some(policy), Some(d)) => d >= policy.threshold,
+            _ => false,
+        }
+    }
+
+    // ----- transitions -----
+
+    /// Closed → Open, if the breaker is still closed in `generation`.
+    fn trip(&self, generation: u64, why: impl FnOnce() -> String) {
+        let mut m = self.lock();
+        let w = self.load();
+        if w.mode() != Mode::Closed || w.generation() != generation {
+            return; // someone else tripped it first, or an operator acted
+        }
+        self.open_locked(&mut m, w, why().into());
+    }
+
+    /// Open → HalfOpen once the open period of `generation` has passed.
+    pub(crate) fn begin_half_open(&self, generation: u64) {
+        let mut m = self.lock();
+        let w = self.load();
+        if w.mode() != Mode::Open
+            || w.generation() != generation
+            || Instant::now() < self.open_until()
+        {
+            return;
+        }
+        m.probes_ok = 0;
+        let permits = self.config.half_open_permits;
+        let why: Reason = match &m.trip_reason {
+            Some(r) => format!("open period ended; probing after {r}").into(),
+            None => "open period ended; probing".into(),
+        };
+        self.store_locked(
+            &mut m,
+            Word::new(Mode::HalfOpen, permits, w.generation() + 1),
+            BreakerState::HalfOpen,
+            why,
+        );
+    }
+
+    fn open_locked(&self, m: &mut Machine, w: Word, why: Reason) {
+        m.trips = m.trips.saturating_add(1);
+        let period = self.config.open.draw(m.trips, fastrand::f64());
+        let until = Instant::now() + period;
+        self.open_until.store(
+            until.saturating_duration_since(self.origin).as_nanos() as u64,
+            Ordering::Release,
+        );
+        m.trip_reason = Some(why.clone());
+        self.store_locked(
+            m,
+            Word::new(Mode::Open, 0, w.generation() + 1),
+            BreakerState::Open { until },
+            why,
+        );
+    }
+
+    fn close_locked(&self, m: &mut Machine, w: Word, why: Reason) {
+        m.trips = 0;
+        m.probes_ok = 0;
+        m.trip_reason = None;
+        // Start counting afresh before any call of the new generation can record.
+        self.consecutive.store(0, Ordering::Release);
+        if let Some(c) = &self.failure_window {
+            c.clear();
+        }
+        if let Some(c) = &self.slow_window {
+            c.clear();
+        }
+        self.store_locked(
+            m,
+            Word::new(Mode::Closed, 0, w.generation() + 1),
+            BreakerState::Closed,
+            why,
+        );
+    }
+
+    fn store_locked(&self, m: &mut Machine, next: Word, state: BreakerState, why: Reason) {
+        self.word.store(next.0, Ordering::Release);
+        let from = std::mem::replace(&mut m.published, state);
+        self.card.set_breaker(state, Some(why.clone()));
+        let at = Instant::now();
+        match state {
+            BreakerState::Open { until } => tracing::info!(
+                target = %self.card.target(),
+                %from,
+                to = %state,
+                open_for_ms = until.saturating_duration_since(at).as_millis() as u64,
+                reason = %why,
+                "breaker opened"
+            ),
+            _ => tracing::info!(
+                target = %self.card.target(),
+                %from,
+                to = %state,
+                reason = %why,
+                "breaker transition"
+            ),
+        }
+        // No subscriber is not an error; a full channel drops its oldest event.
+        let _ = self.events.send(Transition {
+            target: self.card.target_arc(),
+            from,
+            to: state,
+            reason: why,
+            at,
+        });
+        // Waiters on a permit re-check too (the card change wakes gate waiters).
+        self.permits_freed.notify_waiters();
+    }
+
+    // ----- operator -----
+
+    pub(crate) fn force_open(&self, why: Option<Reason>) {
+        let mut m = self.lock();
+        let w = self.load();
+        let why = why.unwrap_or_else(|| "forced open by an operator".into());
+        self.store_locked(
+            &mut m,
+            Word::new(Mode::ForcedOpen, 0, w.generation() + 1),
+            BreakerState::ForcedOpen,
+            why,
+        );
+    }
+
+    pub(crate) fn disable(&self, why: Option<Reason>) {
+        let mut m = self.lock();
+        let w = self.load();
+        let why = why.unwrap_or_else(|| "disabled by an operator".into());
+        self.store_locked(
+            &mut m,
+            Word::new(Mode::Disabled, 0, w.generation() + 1),
+            BreakerState::Disabled,
+            why,
+        );
+    }
+
+    pub(crate) fn reset(&self, why: Option<Reason>) {
+        let mut m = self.lock();
+        let w = self.load();
+        let why = why.unwrap_or_else(|| "reset by an operator".into());
+        self.close_locked(&mut m, w, why);
+    }
+}
+
+/// A half-open permit, held by the service from `poll_ready` to `call`, then by the call
+/// until its outcome is known. Dropped before that, it goes back to the breaker.
+pub(crate) struct Permit {
+    shared: Arc<Shared>,
+    generation: u64,
+    live: bool,
+}
+
+impl Permit {
+    /// Whether the half-open period it was taken in is still current.
+    pub(crate) fn is_current(&self) -> bool {
+        let w = self.shared.load();
+        w.mode() == Mode::HalfOpen && w.generation() == self.generation
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("generation", &self.generation)
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.live {
+            self.shared.release_permit(self.generation);
+        }
+    }
+}
+
+fn reaches(part: u32, calls: u32, threshold: f64, min_calls: u32) -> bool {
+    calls >= min_calls && calls > 0 && f64::from(part) >= threshold * f64::from(calls)
+}
+
+fn percent(part: u32, whole: u32) -> String {
+    percent_f(f64::from(part) / f64::from(whole.max(1)))
+}
+
+fn percent_f(share: f64) -> String {
+    let p = share * 100.0;
+    if (p - p.round()).abs() < 0.05 {
+        format!("{:.0}%", p)
+    } else {
+        format!("{:.1}%", p)
+    }
+}
+
+fn describe(window: Window) -> String {
+    match window {
+        Window::Count(n) => format!("over the last {n} calls"),
+        Window::Time(d) => format!("in the last {:.1} s", d.as_secs_f64()),
+    }
+}
+
+fn last_status(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Completed(status) => status.to_string(),
+        Outcome::Abandoned => "abandoned".to_owned(),
+    }
+}

@@ -1,0 +1,574 @@
+//! The group: the peers among which quarantine narrows the choice, each target's repeat count,
+//! and the one place that writes the quarantine line of a card.
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use endpoint_state::{EndpointCard, GateCheck, LineKind, Outcome, Reason};
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
+use tokio::time::Instant;
+
+use crate::config::{MAX_SETTING, QuarantineConfig};
+use crate::error::{InvalidConfig, UnknownTarget};
+use crate::layer::QuarantineLayer;
+use crate::outlier::OutlierClock;
+
+/// The peers among which quarantine narrows the choice: one [`EndpointCard`] per endpoint of
+/// one logical service, and the policy that quarantines them.
+///
+/// Cheap to clone (one `Arc`); every clone is the same group. Build one per set of endpoints
+/// that a balancer chooses among, [`add`](Self::add) each endpoint's card (or let
+/// [`layer`](Self::layer) add it), and put `group.layer(card)` in each endpoint's stack.
+///
+/// **Quarantine never empties the choice.** An endpoint's quarantine shuts its gate only while
+/// some *other* member of the group is eligible on every line of its card (health, quarantine,
+/// breaker). When no other member is — every peer that is otherwise eligible is quarantined
+/// too, or the others are unhealthy or their breakers open — quarantine is ignored: degraded
+/// service beats refusing to route. The next failure renews the verdict; a success of a call
+/// admitted that way lifts its endpoint's quarantine (it has just proven itself).
+///
+/// **Renewal and repeats.** A failure of an endpoint that is not quarantined starts a
+/// quarantine and counts a repeat: the `n`-th in a row lasts `duration × n`, capped at
+/// `max_duration`, and the count drops by one per `decay_after` spent out of quarantine. A
+/// failure of an endpoint already quarantined renews it — its end moves to the configured time
+/// from now, never earlier — without counting a repeat; a renewal that would gain less than a
+/// twentieth of that time is skipped, so a burst of failures from one incident (every call in
+/// flight on a connection that died) costs one write.
+///
+/// The group writes only the quarantine line of its members' cards, and has no task: outlier
+/// ejection is judged on call outcomes, so dropping the last handle frees everything.
+#[derive(Clone)]
+pub struct QuarantineGroup {
+    inner: Arc<GroupInner>,
+}
+
+pub(crate) struct GroupInner {
+    pub(crate) config: QuarantineConfig,
+    members: ArcSwap<Members>,
+    /// Serializes membership writers; never taken on the request path.
+    membership: Mutex<()>,
+    /// Woken when a member leaves (or is replaced): a quarantined endpoint that was kept shut
+    /// by that member must look again.
+    left: Arc<Notify>,
+    pub(crate) outlier: Option<OutlierClock>,
+}
+
+/// A snapshot of the members; replaced whole on every change.
+pub(crate) struct Members {
+    /// Increases with every change of membership.
+    pub(crate) version: u64,
+    pub(crate) list: Vec<Arc<Member>>,
+}
+
+/// One member: its card, its repeat count and its outlier counters.
+pub(crate) struct Member {
+    pub(crate) card: EndpointCard,
+    strikes: Mutex<Strikes>,
+    /// Calls in the current outlier interval that did not fail (by the policy's codes).
+    pub(crate) successes: AtomicU64,
+    /// Calls in the current outlier interval that failed (by the policy's codes).
+    pub(crate) failures: AtomicU64,
+}
+
+/// How many quarantines in a row a target has had, and when the last one ended (or ends).
+#[derive(Debug, Default)]
+struct Strikes {
+    count: u32,
+    last_end: Option<Instant>,
+}
+
+impl Strikes {
+    /// The count after the decay earned since the last quarantine ended: one per full
+    /// `period` out of quarantine.
+    fn decayed(&self, now: Instant, period: Duration) -> u32 {
+        match self.last_end {
+            Some(end) if now > end => {
+                let periods = (now - end).as_nanos() / period.as_nanos().max(1);
+                self.count
+                    .saturating_sub(u32::try_from(periods).unwrap_or(u32::MAX))
+            }
+            _ => self.count,
+        }
+    }
+}
+
+/// What started a quarantine, for the logs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Cause {
+    Call,
+    Reported,
+    Outlier,
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Cause::Call => "failed call",
+            Cause::Reported => "reported failure",
+            Cause::Outlier => "outlier ejection",
+        })
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data whole; a panic elsewhere does not spoil it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Member {
+    fn new(card: EndpointCard) -> Self {
+        Member {
+            card,
+            strikes: Mutex::default(),
+            successes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        }
+    }
+}
+
+impl fmt::Debug for QuarantineGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let members = self.inner.members.load();
+        f.debug_struct("QuarantineGroup")
+            .field(
+                "targets",
+                &members
+                    .list
+                    .iter()
+                    .map(|m| m.card.target())
+                    .collect::<Vec<_>>(),
+            )
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Default for QuarantineGroup {
+    /// A group with the default configuration (5 s, `UNAVAILABLE` and `DEADLINE_EXCEEDED`,
+    /// no outlier ejection).
+    fn default() -> Self {
+        QuarantineGroup::new(QuarantineConfig::default()).expect("the defaults are valid")
+    }
+}
+
+impl QuarantineGroup {
+    /// An empty group, after checking `config`. Nothing is started: the group has no task.
+    pub fn new(config: QuarantineConfig) -> Result<Self, InvalidConfig> {
+        config.validate()?;
+        let outlier = config.outlier_ejection.clone().map(OutlierClock::new);
+        Ok(QuarantineGroup {
+            inner: Arc::new(GroupInner {
+                config,
+                members: ArcSwap::from_pointee(Members {
+                    version: 0,
+                    list: Vec::new(),
+                }),
+                membership: Mutex::new(()),
+                left: Arc::new(Notify::new()),
+                outlier,
+            }),
+        })
+    }
+
+    /// The configuration the group was built with.
+    pub fn config(&self) -> &QuarantineConfig {
+        &self.inner.config
+    }
+
+    /// Adds an endpoint's card. A card already in the group is left as it is (`false`); a
+    /// different card with the same target name replaces it (`true`), starting a fresh repeat
+    /// count.
+    pub fn add(&self, card: EndpointCard) -> bool {
+        self.inner.insert(card).1
+    }
+
+    /// Removes the member named `target` and returns its card. Its card is left as it is; any
+    /// endpoint that was kept shut because that member was eligible looks again.
+    pub fn remove(&self, target: &str) -> Option<EndpointCard> {
+        let removed = {
+            let _writing = lock(&self.inner.membership);
+            let current = self.inner.members.load();
+            let at = current
+                .list
+                .iter()
+                .position(|m| m.card.target() == target)?;
+            let mut list = current.list.clone();
+            let member = list.remove(at);
+            self.inner.members.store(Arc::new(Members {
+                version: current.version + 1,
+                list,
+            }));
+            member
+        };
+        self.inner.left.notify_waiters();
+        Some(removed.card.clone())
+    }
+
+    /// Whether a member is named `target`.
+    pub fn contains(&self, target: &str) -> bool {
+        self.inner.find(target).is_some()
+    }
+
+    /// Every member's card, in the order they were added.
+    pub fn cards(&self) -> Vec<EndpointCard> {
+        let members = self.inner.members.load();
+        members.list.iter().map(|m| m.card.clone()).collect()
+    }
+
+    /// How many members.
+    pub fn len(&self) -> usize {
+        self.inner.members.load().list.len()
+    }
+
+    /// Whether the group has no member.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The layer for one endpoint's stack, adding `card` to the group if it is not a member.
+    /// Same as [`QuarantineLayer::new`].
+    pub fn layer(&self, card: EndpointCard) -> QuarantineLayer {
+        QuarantineLayer::new(self, card)
+    }
+
+    /// Quarantines `target` from outside the call path: for `duration`, or for the configured
+    /// time of its next repeat (`duration × count`, capped) when `None`. Returns when the
+    /// quarantine ends.
+    ///
+    /// Like a failed call, it starts a quarantine (and counts a repeat) if the target is not
+    /// quarantined, or else renews it (moves its end later, never earlier). A `duration` of
+    /// zero does nothing; one longer than a year is cut to a year.
+    pub fn report_failure(
+        &self,
+        target: &str,
+        duration: Option<Duration>,
+    ) -> Result<Instant, UnknownTarget> {
+        self.report_failure_with_reason(target, duration, "failure reported")
+    }
+
+    /// [`report_failure`](Self::report_failure) with the reason to show on the card (and in
+    /// the errors of a balancer that skips the target).
+    pub fn report_failure_with_reason(
+        &self,
+        target: &str,
+        duration: Option<Duration>,
+        reason: impl Into<Reason>,
+    ) -> Result<Instant, UnknownTarget> {
+        let member = self
+            .inner
+            .find(target)
+            .ok_or_else(|| UnknownTarget::new(target))?;
+        if duration.is_some_and(|d| d.is_zero()) {
+            return Ok(Instant::now());
+        }
+        let duration = duration.map(|d| d.min(MAX_SETTING));
+        Ok(self
+            .inner
+            .quarantine(&member, duration, reason.into(), Cause::Reported))
+    }
+
+    /// Lifts `target`'s quarantine now (an operator's override). Its repeat count is kept.
+    /// Returns whether it was quarantined.
+    pub fn lift(&self, target: &str) -> Result<bool, UnknownTarget> {
+        let member = self
+            .inner
+            .find(target)
+            .ok_or_else(|| UnknownTarget::new(target))?;
+        let now = Instant::now();
+        let mut strikes = lock(&member.strikes);
+        let was = member.card.quarantine_state().active_at(now);
+        if member.card.clear_quarantine() {
+            strikes.last_end = Some(strikes.last_end.map_or(now, |end| end.min(now)));
+            tracing::info!(target = %member.card.target(), "quarantine lifted by the operator");
+        }
+        Ok(was)
+    }
+
+    /// How many quarantines in a row `target` has had, after the decay it has earned so far
+    /// (one per [`decay_after`](QuarantineConfig::decay_after) out of quarantine). Its next
+    /// quarantine lasts `duration × (strikes + 1)`, capped.
+    pub fn strikes(&self, target: &str) -> Option<u32> {
+        let member = self.inner.find(target)?;
+        let strikes = lock(&member.strikes);
+        Some(strikes.decayed(Instant::now(), self.inner.config.decay_after))
+    }
+
+    /// Whether quarantine lets calls reach `target` now: it is not quarantined, or its
+    /// quarantine is ignored because no other member is eligible.
+    ///
+    /// This is what the layer's `poll_ready` decides; a balancer that reads cards directly
+    /// can ask the same question.
+    pub fn admits(&self, target: &str) -> Result<bool, UnknownTarget> {
+        let member = self
+            .inner
+            .find(target)
+            .ok_or_else(|| UnknownTarget::new(target))?;
+        let mut out = CheckOut::default();
+        Ok(matches!(
+            self.inner.check(&member.card, None, &mut out),
+            GateCheck::Open
+        ))
+    }
+
+    pub(crate) fn bind(&self, card: EndpointCard) -> Arc<Binding> {
+        let member = {
+            let members = self.inner.members.load();
+            members
+                .list
+                .iter()
+                .find(|m| m.card.same_card(&card))
+                .cloned()
+        };
+        let member = member.unwrap_or_else(|| self.inner.insert(card).0);
+        Arc::new(Binding {
+            group: self.inner.clone(),
+            member,
+        })
+    }
+}
+
+/// What a gate check found besides its verdict.
+#[derive(Default)]
+pub(crate) struct CheckOut {
+    /// Open only because quarantine is ignored: the quarantine's end at that time.
+    pub(crate) degraded: Option<Instant>,
+    /// Shut: the eligible peer that keeps it shut, and the membership version it was found in.
+    pub(crate) witness: Option<(EndpointCard, u64)>,
+}
+
+impl GroupInner {
+    fn find(&self, target: &str) -> Option<Arc<Member>> {
+        let members = self.members.load();
+        members
+            .list
+            .iter()
+            .find(|m| m.card.target() == target)
+            .cloned()
+    }
+
+    /// Adds `card` (or finds it); returns its member and whether the group changed.
+    fn insert(&self, card: EndpointCard) -> (Arc<Member>, bool) {
+        let replaced;
+        let member = {
+            let _writing = lock(&self.membership);
+            let current = self.members.load();
+            let mut list = current.list.clone();
+            let member = Arc::new(Member::new(card));
+            match list
+                .iter_mut()
+                .find(|m| m.card.target() == member.card.target())
+            {
+                Some(m) if m.card.same_card(&member.card) => return (m.clone(), false),
+                Some(m) => {
+                    *m = member.clone();
+                    replaced = true;
+                }
+                None => {
+                    list.push(member.clone());
+                    replaced = false;
+                }
+            }
+            self.members.store(Arc::new(Members {
+                version: current.version + 1,
+                list,
+            }));
+            member
+        };
+        if replaced {
+            self.left.notify_waiters();
+        }
+        (member, true)
+    }
+
+    /// The gate check of `card`'s quarantine line.
+    ///
+    /// Open when the card is not quarantined. When it is: shut until the quarantine ends if
+    /// another member is eligible (that member, the *witness*, is reported in `out`, and
+    /// `hint` is tried first), open otherwise (and `out.degraded` says so).
+    pub(crate) fn check(
+        &self,
+        card: &EndpointCard,
+        hint: Option<(&EndpointCard, u64)>,
+        out: &mut CheckOut,
+    ) -> GateCheck {
+        out.degraded = None;
+        out.witness = None;
+        // One atomic load when the line is clear (the common case).
+        if card.is_eligible_ignoring(&[LineKind::Health, LineKind::Breaker]) {
+            return GateCheck::Open;
+        }
+        let Some(until) = card
+            .quarantine_state()
+            .until
+            .filter(|u| *u > Instant::now())
+        else {
+            return GateCheck::Open;
+        };
+        let members = self.members.load();
+        if let Some((witness, version)) = hint
+            && version == members.version
+            && witness.is_eligible()
+        {
+            out.witness = Some((witness.clone(), version));
+            return GateCheck::ShutUntil(until);
+        }
+        if let Some(peer) = members
+            .list
+            .iter()
+            .find(|m| !m.card.same_card(card) && m.card.is_eligible())
+        {
+            out.witness = Some((peer.card.clone(), members.version));
+            return GateCheck::ShutUntil(until);
+        }
+        tracing::trace!(target = %card.target(), "quarantine ignored: no other member is eligible");
+        out.degraded = Some(until);
+        GateCheck::Open
+    }
+
+    /// Whether a witness found in membership `version` still keeps a quarantined card shut.
+    pub(crate) fn witness_holds(&self, witness: &EndpointCard, version: u64) -> bool {
+        self.members.load().version == version && witness.is_eligible()
+    }
+
+    /// Completes when a member leaves after this call.
+    pub(crate) fn member_left(&self) -> OwnedNotified {
+        self.left.clone().notified_owned()
+    }
+
+    pub(crate) fn members(&self) -> arc_swap::Guard<Arc<Members>> {
+        self.members.load()
+    }
+
+    /// Quarantines (or renews the quarantine of) `member`: for `fixed`, or for the configured
+    /// time of its repeat count. Returns the quarantine's end.
+    ///
+    /// A member that is not quarantined starts a quarantine: its repeat count (after decay)
+    /// goes up by one. One that is quarantined has its end moved later to `now + duration`
+    /// (never earlier, count unchanged); a renewal that would gain less than a twentieth of the
+    /// duration is skipped, so that a burst of failures from one incident costs one write.
+    pub(crate) fn quarantine(
+        &self,
+        member: &Member,
+        fixed: Option<Duration>,
+        reason: Reason,
+        cause: Cause,
+    ) -> Instant {
+        let now = Instant::now();
+        let card = &member.card;
+        let mut strikes = lock(&member.strikes);
+        match card.quarantine_state().until.filter(|u| *u > now) {
+            Some(until) => {
+                let duration = fixed.unwrap_or_else(|| self.config.duration_for(strikes.count));
+                let renewed = now + duration;
+                if renewed <= until || renewed - until < duration / 20 {
+                    return until;
+                }
+                card.quarantine_until(renewed, Some(reason.clone()));
+                strikes.last_end = Some(renewed);
+                tracing::debug!(
+                    target = %card.target(),
+                    %cause,
+                    %reason,
+                    until_in = ?duration,
+                    "quarantine renewed"
+                );
+                renewed
+            }
+            None => {
+                let count = strikes
+                    .decayed(now, self.config.decay_after)
+                    .saturating_add(1);
+                strikes.count = count;
+                let duration = fixed.unwrap_or_else(|| self.config.duration_for(count));
+                let until = now + duration;
+                card.quarantine_until(until, Some(reason.clone()));
+                strikes.last_end = Some(until);
+                tracing::info!(
+                    target = %card.target(),
+                    %cause,
+                    %reason,
+                    duration = ?duration,
+                    repeat = count,
+                    "quarantined"
+                );
+                until
+            }
+        }
+    }
+
+    /// A call admitted while `member`'s quarantine (ending `seen_until`) was ignored has
+    /// succeeded: lift that quarantine, unless it was renewed since.
+    fn lift_after_success(&self, member: &Member, seen_until: Instant) {
+        let now = Instant::now();
+        let mut strikes = lock(&member.strikes);
+        if member.card.quarantine_state().until != Some(seen_until) {
+            return;
+        }
+        if member.card.clear_quarantine() {
+            strikes.last_end = Some(seen_until.min(now));
+            tracing::info!(
+                target = %member.card.target(),
+                "quarantine lifted: a call admitted while it was ignored succeeded"
+            );
+        }
+    }
+}
+
+/// One endpoint's place in its group: what its service and its calls' outcomes act on.
+pub(crate) struct Binding {
+    pub(crate) group: Arc<GroupInner>,
+    pub(crate) member: Arc<Member>,
+}
+
+impl fmt::Debug for Binding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Binding")
+            .field("target", &self.member.card.target())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The longest reason kept on a card: a transport error's whole chain can be long.
+const MAX_REASON: usize = 240;
+
+impl Binding {
+    pub(crate) fn card(&self) -> &EndpointCard {
+        &self.member.card
+    }
+
+    pub(crate) fn group(&self) -> QuarantineGroup {
+        QuarantineGroup {
+            inner: self.group.clone(),
+        }
+    }
+
+    /// A call's outcome: count it for outlier ejection, quarantine on a failure code, lift a
+    /// degraded admission's quarantine on success.
+    pub(crate) fn record(&self, outcome: Outcome, degraded: Option<Instant>) {
+        let Outcome::Completed(status) = outcome else {
+            return;
+        };
+        if let Some(clock) = &self.group.outlier {
+            clock.record(&self.group, &self.member, status.code);
+        }
+        if self.group.config.failure_codes.contains(status.code) {
+            let mut reason = status.to_string();
+            if reason.len() > MAX_REASON {
+                let mut end = MAX_REASON;
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                reason.truncate(end);
+                reason.push('…');
+            }
+            self.group
+                .quarantine(&self.member, None, reason.into(), Cause::Call);
+        } else if let Some(until) = degraded {
+            self.group.lift_after_success(&self.member, until);
+        }
+    }
+}
