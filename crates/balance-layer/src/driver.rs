@@ -1,0 +1,337 @@
+//! The background task that keeps the eligible set exact: it drives discovery, watches every
+//! card, and wakes at the next quarantine or open-breaker deadline; after any of these it
+//! rebuilds the snapshot the request path reads.
+//!
+//! Why a task: discovery must make progress while no request is in flight (an endpoint
+//! inserted at 3 a.m. must be there for the first call at 9), and card changes must update the
+//! set without a request to notice them. The request path never waits for this task: it reads
+//! the last snapshot lock-free and double-checks the chosen endpoint's card itself, so a
+//! change is honoured at once even before the task has rebuilt the set. The task stops when
+//! the last handle on the balancer is dropped.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+
+use endpoint_state::{BreakerState, Changed, HasCard};
+use futures_util::future::{AbortHandle, Abortable, Aborted};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::{Instant, Sleep};
+use tower::discover::{Change, Discover};
+
+use crate::alias::Alias;
+use crate::error::BoxError;
+use crate::shared::{Discovery, Endpoint, Kind, REMOVED, Shared, Snapshot};
+
+/// Changes taken from discovery in one go before the task yields to others.
+const DISCOVERY_BUDGET: usize = 1024;
+
+struct Entry<K, S> {
+    endpoint: Arc<Endpoint<K, S>>,
+    watch: Option<AbortHandle>,
+}
+
+/// Completes when its endpoint's card changes (`true`) or when the endpoint is gone (`false`).
+struct Watch<K, S> {
+    endpoint: Arc<Endpoint<K, S>>,
+    changed: Abortable<Changed>,
+}
+
+impl<K, S> Future for Watch<K, S> {
+    type Output = (Arc<Endpoint<K, S>>, bool);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fired = match Pin::new(&mut self.changed).poll(cx) {
+            Poll::Ready(Ok(())) => true,
+            Poll::Ready(Err(Aborted)) => false,
+            Poll::Pending => return Poll::Pending,
+        };
+        Poll::Ready((self.endpoint.clone(), fired))
+    }
+}
+
+pub(crate) struct Driver<D: Discover> {
+    discover: Pin<Box<D>>,
+    shared: Arc<Shared<D::Key, D::Service>>,
+    discovery: Discovery,
+    entries: HashMap<D::Key, Entry<D::Key, D::Service>>,
+    /// Discovery order; removed endpoints are dropped from it at the next rebuild.
+    order: Vec<Arc<Endpoint<D::Key, D::Service>>>,
+    watches: FuturesUnordered<Watch<D::Key, D::Service>>,
+    timer: Option<Pin<Box<Sleep>>>,
+    timer_at: Option<Instant>,
+}
+
+impl<D: Discover> fmt::Debug for Driver<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("endpoints", &self.entries.len())
+            .field("watches", &self.watches.len())
+            .field("timer_at", &self.timer_at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D> Driver<D>
+where
+    D: Discover,
+    D::Key: Hash + Eq + Clone + fmt::Display,
+    D::Service: HasCard,
+    D::Error: Into<BoxError>,
+{
+    pub(crate) fn new(discover: D, shared: Arc<Shared<D::Key, D::Service>>) -> Self {
+        Driver {
+            discover: Box::pin(discover),
+            shared,
+            discovery: Discovery::Running,
+            entries: HashMap::new(),
+            order: Vec::new(),
+            watches: FuturesUnordered::new(),
+            timer: None,
+            timer_at: None,
+        }
+    }
+
+    /// Takes whatever discovery has ready now and publishes the first snapshot, so that a
+    /// balancer is usable as soon as it is built. No timer is armed here (that needs the
+    /// task's context).
+    pub(crate) fn prime(&mut self) {
+        let mut cx = Context::from_waker(Waker::noop());
+        self.poll_discovery(&mut cx);
+        self.rebuild();
+    }
+
+    /// The task's body: runs until the last handle is dropped.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.shared.driver.register(cx.waker());
+        let mut timer_fired = false;
+        loop {
+            if self.shared.closed.load(Ordering::Acquire) {
+                tracing::debug!("balance: last handle dropped; discovery stops");
+                return Poll::Ready(());
+            }
+            let mut dirty = timer_fired | self.shared.dirty.swap(false, Ordering::AcqRel);
+            let (changed, exhausted) = self.poll_discovery(cx);
+            dirty |= changed;
+            dirty |= self.poll_watches(cx);
+            if dirty {
+                self.rebuild();
+            }
+            // Register on the timer for the earliest deadline (or learn it has passed).
+            timer_fired = self.arm_timer(cx);
+            if timer_fired {
+                continue;
+            }
+            if exhausted {
+                // More discovery may be ready: let other tasks run, then come back.
+                cx.waker().wake_by_ref();
+            }
+            return Poll::Pending;
+        }
+    }
+
+    /// Returns (anything changed, budget exhausted with more possibly ready).
+    fn poll_discovery(&mut self, cx: &mut Context<'_>) -> (bool, bool) {
+        let mut changed = false;
+        for _ in 0..DISCOVERY_BUDGET {
+            if !matches!(self.discovery, Discovery::Running) {
+                return (changed, false);
+            }
+            match self.discover.as_mut().poll_discover(cx) {
+                Poll::Pending => return (changed, false),
+                Poll::Ready(Some(Ok(Change::Insert(key, service)))) => {
+                    self.insert(key, service);
+                    changed = true;
+                }
+                Poll::Ready(Some(Ok(Change::Remove(key)))) => {
+                    self.remove(&key);
+                    changed = true;
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    let error: BoxError = error.into();
+                    tracing::warn!(%error, "balance: discovery failed; keeping the endpoints it found");
+                    self.discovery = Discovery::Failed(error.to_string().into());
+                    changed = true;
+                }
+                Poll::Ready(None) => {
+                    tracing::debug!("balance: discovery ended; keeping the endpoints it found");
+                    self.discovery = Discovery::Ended;
+                    changed = true;
+                }
+            }
+        }
+        (changed, true)
+    }
+
+    fn insert(&mut self, key: D::Key, service: D::Service) {
+        let name: Arc<str> = key.to_string().into();
+        let card = service.card().cloned();
+        let weight = self.shared.settings.weights.weight_of(&name);
+        let endpoint = Arc::new(Endpoint::new(
+            key.clone(),
+            name,
+            service,
+            card,
+            weight,
+            &self.shared.settings,
+            self.shared.nanos_now(),
+        ));
+        // Subscribe before the next rebuild reads the card: a change in between is not lost.
+        let watch = endpoint.card.as_ref().map(|card| {
+            let (changed, handle) = futures_util::future::abortable(card.changed());
+            self.watches.push(Watch {
+                endpoint: endpoint.clone(),
+                changed,
+            });
+            handle
+        });
+        tracing::debug!(target = %endpoint.name, carded = watch.is_some(), "balance: endpoint inserted");
+        self.order.push(endpoint.clone());
+        if let Some(old) = self.entries.insert(key, Entry { endpoint, watch }) {
+            Self::retire(old);
+        }
+    }
+
+    fn remove(&mut self, key: &D::Key) {
+        if let Some(old) = self.entries.remove(key) {
+            tracing::debug!(target = %old.endpoint.name, "balance: endpoint removed");
+            Self::retire(old);
+        }
+    }
+
+    /// Takes an endpoint out of rotation. Calls already made on it keep their own clone of
+    /// its service and finish normally.
+    fn retire(entry: Entry<D::Key, D::Service>) {
+        entry.endpoint.mark_removed();
+        if let Some(watch) = entry.watch {
+            watch.abort();
+        }
+    }
+
+    /// Returns whether any card changed. Re-subscribes each fired watch before the rebuild
+    /// that follows reads the card.
+    fn poll_watches(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut changed = false;
+        while let Poll::Ready(Some((endpoint, fired))) = self.watches.poll_next_unpin(cx) {
+            if !fired || endpoint.state() == REMOVED {
+                continue;
+            }
+            changed = true;
+            let Some(card) = endpoint.card.as_ref() else {
+                continue;
+            };
+            let (watch, handle) = futures_util::future::abortable(card.changed());
+            if let Some(entry) = self.entries.get_mut(&endpoint.key)
+                && Arc::ptr_eq(&entry.endpoint, &endpoint)
+            {
+                entry.watch = Some(handle);
+                self.watches.push(Watch {
+                    endpoint,
+                    changed: watch,
+                });
+            }
+        }
+        changed
+    }
+
+    /// Arms the timer at the earliest deadline found by the last rebuild. Returns `true` when
+    /// that deadline has already passed (rebuild again).
+    fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(at) = self.timer_at else {
+            return false;
+        };
+        let timer = match &mut self.timer {
+            Some(timer) => {
+                if timer.deadline() != at {
+                    timer.as_mut().reset(at);
+                }
+                timer
+            }
+            None => self.timer.insert(Box::pin(tokio::time::sleep_until(at))),
+        };
+        if timer.as_mut().poll(cx).is_ready() {
+            self.timer_at = None;
+            return true;
+        }
+        false
+    }
+
+    /// Recomputes the eligible set from every card and publishes it. O(endpoints); runs once
+    /// per batch of changes, never on the request path.
+    fn rebuild(&mut self) {
+        let now = Instant::now();
+        if self.order.len() != self.entries.len() {
+            self.order.retain(|e| e.state() != REMOVED);
+        }
+        let mut strict = Vec::with_capacity(self.order.len());
+        let mut relaxed = Vec::new();
+        let mut next: Option<Instant> = None;
+        for endpoint in &self.order {
+            if endpoint.admits(false) {
+                strict.push(endpoint.clone());
+                continue;
+            }
+            if endpoint.admits(true) {
+                relaxed.push(endpoint.clone());
+            }
+            if let Some(card) = &endpoint.card {
+                // Lines that reopen with time alone: wake then.
+                let quarantine = card.quarantine_state().until.filter(|u| *u > now);
+                let breaker = match card.breaker_state() {
+                    BreakerState::Open { until } if until > now => Some(until),
+                    _ => None,
+                };
+                for at in quarantine.into_iter().chain(breaker) {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
+        }
+        let ignoring_quarantine = strict.is_empty() && !relaxed.is_empty();
+        let picks = if ignoring_quarantine { relaxed } else { strict };
+        let alias = if self.shared.settings.kind == Kind::Weighted {
+            let weights: Vec<f64> = picks.iter().map(|e| e.weight).collect();
+            Alias::new(&weights)
+        } else {
+            None
+        };
+        let previous = self.shared.snapshot.load();
+        let generation = previous.generation + 1;
+        if previous.picks.is_empty() != picks.is_empty()
+            || ignoring_quarantine != previous.ignoring_quarantine
+        {
+            if picks.is_empty() {
+                tracing::info!(targets = self.order.len(), "balance: no eligible endpoint");
+            } else if ignoring_quarantine {
+                tracing::info!(
+                    eligible = picks.len(),
+                    "balance: every otherwise eligible endpoint is quarantined; ignoring quarantine"
+                );
+            } else {
+                tracing::info!(eligible = picks.len(), "balance: eligible endpoints again");
+            }
+        }
+        tracing::trace!(
+            generation,
+            eligible = picks.len(),
+            targets = self.order.len(),
+            "balance: eligible set rebuilt"
+        );
+        drop(previous);
+        self.shared.snapshot.store(Arc::new(Snapshot {
+            generation,
+            picks: picks.into_boxed_slice(),
+            ignoring_quarantine,
+            alias,
+            all: self.order.clone().into_boxed_slice(),
+            discovery: self.discovery.clone(),
+        }));
+        self.shared.generation.store(generation, Ordering::Release);
+        self.shared.changed.notify_waiters();
+        self.timer_at = next;
+    }
+}

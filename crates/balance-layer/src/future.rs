@@ -1,0 +1,258 @@
+//! The balancer's response future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::deadline::RequestDeadline;
+use crate::error::BoxError;
+use crate::service::{Owner, Picked, Picker, Reserved, Taken};
+use crate::shared::{Endpoint, Shared};
+
+pin_project! {
+    /// The response future of [`Balance`](crate::Balance): the chosen endpoint's own future,
+    /// or — with wait-for-ready while nothing is eligible — a wait for an eligible endpoint
+    /// followed by its future, or an immediate
+    /// [`NoHealthyTargets`](crate::error::NoHealthyTargets).
+    ///
+    /// Dropping it releases what it holds (the endpoint's in-flight count, a reserved
+    /// endpoint while waiting).
+    pub struct ResponseFuture<K, S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<K, S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<K, S, Req>
+    where
+        S: Service<Req>,
+    {
+        Called {
+            #[pin]
+            future: S::Future,
+            load: Option<Load<K, S>>,
+        },
+        Waiting {
+            waiter: Box<Waiter<K, S, Req>>,
+        },
+        Failed {
+            error: Option<BoxError>,
+        },
+    }
+}
+
+impl<K, S, Req> fmt::Debug for ResponseFuture<K, S, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Called { .. } => "called",
+            State::Waiting { .. } => "waiting for an eligible endpoint",
+            State::Failed { .. } => "failed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+/// Counts a call in flight on its endpoint (least-loaded strategies) and, for peak-EWMA,
+/// times it.
+struct Load<K, S> {
+    endpoint: Arc<Endpoint<K, S>>,
+    /// The balancer's state and the start time, when the latency is measured.
+    timed: Option<(Arc<Shared<K, S>>, u64)>,
+}
+
+impl<K, S> Load<K, S> {
+    fn start(shared: &Arc<Shared<K, S>>, endpoint: Arc<Endpoint<K, S>>) -> Option<Self> {
+        let kind = shared.settings.kind;
+        if !kind.tracks_load() {
+            return None;
+        }
+        endpoint.start_call();
+        let timed =
+            (kind == crate::shared::Kind::PeakEwma).then(|| (shared.clone(), shared.nanos_now()));
+        Some(Load { endpoint, timed })
+    }
+
+    fn finish(self) {
+        if let Some((shared, started)) = &self.timed {
+            let now = shared.nanos_now();
+            self.endpoint
+                .observe_rtt(now.saturating_sub(*started) as f64, now, &shared.settings);
+        }
+    }
+}
+
+impl<K, S> Drop for Load<K, S> {
+    fn drop(&mut self) {
+        self.endpoint.end_call();
+    }
+}
+
+/// A call made while nothing was eligible, waiting (wait-for-ready) for an endpoint.
+struct Waiter<K, S, Req> {
+    picker: Picker<K, S>,
+    /// Keeps the balancer's discovery running while the call waits.
+    _owner: Arc<Owner<K, S>>,
+    req: Option<Req>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// Whether the deadline is the request's own (rather than `max_wait`).
+    caller_deadline: bool,
+    started: Instant,
+}
+
+impl<K, S, Req> ResponseFuture<K, S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    pub(crate) fn called(shared: &Arc<Shared<K, S>>, reserved: Reserved<K, S>, req: Req) -> Self {
+        ResponseFuture {
+            state: Self::call_state(shared, reserved, req),
+        }
+    }
+
+    fn call_state(
+        shared: &Arc<Shared<K, S>>,
+        reserved: Reserved<K, S>,
+        req: Req,
+    ) -> State<K, S, Req> {
+        let Reserved {
+            endpoint,
+            mut service,
+            ..
+        } = reserved;
+        let load = Load::start(shared, endpoint);
+        State::Called {
+            future: service.call(req),
+            load,
+        }
+    }
+
+    pub(crate) fn failed(error: BoxError) -> Self {
+        ResponseFuture {
+            state: State::Failed { error: Some(error) },
+        }
+    }
+
+    pub(crate) fn waiting(shared: Arc<Shared<K, S>>, owner: Arc<Owner<K, S>>, req: Req) -> Self
+    where
+        Req: RequestDeadline,
+    {
+        let started = Instant::now();
+        let budget = req.time_budget();
+        let (limit, caller_deadline) = match (budget, shared.settings.max_wait) {
+            (Some(b), Some(m)) if m < b => (Some(m), false),
+            (Some(b), _) => (Some(b), true),
+            (None, m) => (m, false),
+        };
+        let deadline = limit.map(|d| Box::pin(tokio::time::sleep_until(started + d)));
+        tracing::debug!(limit = ?limit, "balance: nothing eligible; waiting for ready");
+        ResponseFuture {
+            state: State::Waiting {
+                waiter: Box::new(Waiter {
+                    picker: Picker::new(shared),
+                    _owner: owner,
+                    req: Some(req),
+                    deadline,
+                    caller_deadline,
+                    started,
+                }),
+            },
+        }
+    }
+}
+
+impl<K, S, Req> Future for ResponseFuture<K, S, Req>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future, load } => {
+                    let output = ready!(future.poll(cx));
+                    if let Some(load) = load.take() {
+                        load.finish();
+                    }
+                    return Poll::Ready(output.map_err(Into::into));
+                }
+                StateProj::Failed { error } => {
+                    return Poll::Ready(Err(error
+                        .take()
+                        .expect("ResponseFuture polled after completion")));
+                }
+                StateProj::Waiting { waiter } => {
+                    ready!(waiter.poll_endpoint(cx))?;
+                    let Taken::Endpoint(reserved) = waiter.picker.take() else {
+                        unreachable!("poll_endpoint returned Ready(Ok) with an endpoint reserved");
+                    };
+                    let req = waiter.req.take().expect("request taken once");
+                    let shared = waiter.picker.shared.clone();
+                    tracing::debug!(
+                        target = %reserved.endpoint.name,
+                        waited = ?waiter.started.elapsed(),
+                        "balance: an endpoint became eligible; the waiting call proceeds"
+                    );
+                    let next = Self::call_state(&shared, reserved, req);
+                    this.state.set(next);
+                }
+            }
+        }
+    }
+}
+
+impl<K, S, Req> Waiter<K, S, Req> {
+    /// `Ready(Ok)` once an endpoint is reserved and ready; `Err` at the deadline.
+    fn poll_endpoint(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>>
+    where
+        S: Service<Req> + Clone,
+        S::Error: Into<BoxError>,
+    {
+        loop {
+            match self.picker.poll_pick::<Req>(cx) {
+                Poll::Ready(Ok(Picked::Endpoint)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(Picked::Nothing)) => {
+                    if self.picker.poll_set_change(cx).is_ready() {
+                        continue;
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+            if let Some(deadline) = &mut self.deadline
+                && deadline.as_mut().poll(cx).is_ready()
+            {
+                let waited: Duration = self.started.elapsed();
+                let error = self
+                    .picker
+                    .shared
+                    .snapshot
+                    .load()
+                    .no_healthy_targets(Some(waited), self.caller_deadline);
+                tracing::debug!(%error, "balance: wait for ready ran out");
+                return Poll::Ready(Err(error.into()));
+            }
+            return Poll::Pending;
+        }
+    }
+}

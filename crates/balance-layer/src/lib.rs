@@ -1,0 +1,89 @@
+//! A load balancer over [`tower::discover`] that picks, for every request, one endpoint that is
+//! both **eligible** — its [`EndpointCard`](endpoint_state::EndpointCard) admits calls — and
+//! **ready**, in O(1), and that is cheap to clone: no `Buffer`, no worker task on the request
+//! path.
+//!
+//! # How it works
+//!
+//! * **An exact eligible set.** A small background task, spawned when the balancer is built and
+//!   stopped when its last clone is dropped, drives discovery (so endpoints come and go even
+//!   while no request is in flight), watches every endpoint's card (health verdict,
+//!   quarantine, breaker), and wakes at the next quarantine or open-breaker deadline. After
+//!   each batch of changes it publishes a new immutable snapshot of the eligible endpoints,
+//!   swapped atomically. When every otherwise eligible endpoint is quarantined, quarantine is
+//!   ignored: it narrows the choice, it never empties it.
+//! * **O(1) picks, no allocation.** A request reads the snapshot without a lock, chooses a
+//!   position with the strategy, double-checks that endpoint's card (one atomic load; a change
+//!   is honoured at once, before the snapshot is rebuilt), clones the endpoint's service and
+//!   polls it ready. A clone of the balancer reserves at most one endpoint in `poll_ready`,
+//!   and `call` uses it. If the endpoint is not ready, up to three others are tried; then
+//!   the clone waits, woken by any of those becoming ready or by the next change of the
+//!   eligible set.
+//! * **Strategies.** [`Strategy::RoundRobin`] (default; exact shares: 60 calls over 3
+//!   endpoints are 20/20/20), [`Strategy::Random`] (seedable), [`Strategy::Weighted`]
+//!   (weights by target), and least-loaded: [`Strategy::LeastInFlight`] (power of two
+//!   choices on calls in flight) and [`Strategy::PeakEwma`] (power of two choices on latency).
+//! * **Nothing eligible.** The call fails at once with [`error::NoHealthyTargets`], which
+//!   lists every target and why it was skipped (from the cards) and which a generated tonic
+//!   client receives as `UNAVAILABLE`. With [`BalanceConfig::wait_for_ready`] the call waits
+//!   instead, up to its own deadline ([`RequestDeadline`]).
+//!
+//! Endpoints are any `Service + Clone + HasCard`: every layer of the kit implements
+//! [`HasCard`](endpoint_state::HasCard). Plain services without a card (a bare tonic
+//! `Channel`) go in [`NoCard`] (or a whole discovery stream in [`WithoutCards`]): always
+//! eligible, still picked only when ready.
+//!
+//! # Example
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::convert::Infallible;
+//! use balance_layer::{BalanceConfig, BalanceLayer, NoCard};
+//! use tower::discover::Change;
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // Three endpoints that answer with their own name; discovery is a stream of changes
+//! // (here a fixed list; a channel or a DNS watcher in real life).
+//! let endpoints = ["a", "b", "c"].map(|name| {
+//!     let svc = tower::service_fn(move |_req: http::Request<()>| async move {
+//!         Ok::<_, Infallible>(name)
+//!     });
+//!     Ok::<_, Infallible>(Change::Insert(name, NoCard::new(svc)))
+//! });
+//! let discover = futures_util::stream::iter(endpoints);
+//!
+//! let mut svc = ServiceBuilder::new()
+//!     .concurrency_limit(64)
+//!     .layer(BalanceLayer::new(BalanceConfig::new())?) // round-robin
+//!     .service(discover);
+//!
+//! let mut seen = BTreeMap::new();
+//! for _ in 0..60 {
+//!     let name = svc.ready().await?.call(http::Request::new(())).await?;
+//!     *seen.entry(name).or_insert(0) += 1;
+//! }
+//! assert_eq!(seen, BTreeMap::from([("a", 20), ("b", 20), ("c", 20)]));
+//! # Ok(())
+//! # }
+//! ```
+
+mod alias;
+mod cards;
+mod config;
+mod deadline;
+mod driver;
+pub mod error;
+pub mod future;
+mod layer;
+mod rng;
+mod service;
+mod shared;
+
+pub use cards::{NoCard, WithCard, WithoutCards};
+pub use config::{BalanceConfig, PeakEwma, Strategy, Weights};
+pub use deadline::{RequestDeadline, grpc_timeout};
+pub use error::{InvalidConfig, NoHealthyTargets};
+pub use layer::BalanceLayer;
+pub use service::Balance;

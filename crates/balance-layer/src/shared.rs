@@ -1,0 +1,372 @@
+//! The state every clone of a balancer shares: the eligible set (an atomically swapped
+//! snapshot), the strategy's counters, and each endpoint's load.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use endpoint_state::{EndpointCard, LineKind};
+use futures_util::task::AtomicWaker;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::alias::Alias;
+use crate::config::{BalanceConfig, Strategy, Weights};
+use crate::error::{NoHealthyTargets, Skip, SkippedTarget};
+use crate::rng::{self, Rng};
+
+/// The validated configuration, in the shape the request path reads it.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) kind: Kind,
+    pub(crate) weights: Weights,
+    pub(crate) ewma_default_ns: f64,
+    pub(crate) ewma_decay_ns: f64,
+    pub(crate) wait_for_ready: bool,
+    pub(crate) max_wait: Option<Duration>,
+    pub(crate) seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    RoundRobin,
+    Random,
+    Weighted,
+    LeastInFlight,
+    PeakEwma,
+}
+
+impl Kind {
+    /// Whether calls in flight are counted (the least-loaded strategies read them).
+    pub(crate) fn tracks_load(self) -> bool {
+        matches!(self, Kind::LeastInFlight | Kind::PeakEwma)
+    }
+}
+
+impl Settings {
+    /// `config` must have been validated.
+    pub(crate) fn from_config(config: &BalanceConfig) -> Self {
+        let (kind, weights, ewma) = match &config.strategy {
+            Strategy::RoundRobin => (Kind::RoundRobin, Weights::new(), Default::default()),
+            Strategy::Random => (Kind::Random, Weights::new(), Default::default()),
+            Strategy::Weighted(w) => (Kind::Weighted, w.clone(), Default::default()),
+            Strategy::LeastInFlight => (Kind::LeastInFlight, Weights::new(), Default::default()),
+            Strategy::PeakEwma(p) => (Kind::PeakEwma, Weights::new(), *p),
+        };
+        Settings {
+            kind,
+            weights,
+            ewma_default_ns: ewma.default_rtt.as_nanos() as f64,
+            ewma_decay_ns: ewma.decay.as_nanos() as f64,
+            wait_for_ready: config.wait_for_ready,
+            max_wait: config.max_wait,
+            seed: config.seed.unwrap_or_else(rng::random_seed),
+        }
+    }
+}
+
+/// Keeps a hot counter on its own cache line, away from the read-mostly fields.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub(crate) T);
+
+pub(crate) struct Shared<K, S> {
+    pub(crate) snapshot: ArcSwap<Snapshot<K, S>>,
+    /// Bumped after each new snapshot is stored, before waiters are notified.
+    pub(crate) generation: AtomicU64,
+    /// Woken (all waiters) after every new snapshot.
+    pub(crate) changed: Arc<Notify>,
+    pub(crate) settings: Settings,
+    /// Round-robin position, or the index into the weighted sequence.
+    pub(crate) cursor: Padded<AtomicU64>,
+    clones: AtomicU64,
+    /// Wakes the driver: pickers set `dirty` when they saw a stale snapshot or a failed
+    /// endpoint; the last handle sets `closed`.
+    pub(crate) driver: AtomicWaker,
+    pub(crate) dirty: AtomicBool,
+    pub(crate) closed: AtomicBool,
+    pub(crate) epoch: Instant,
+}
+
+impl<K, S> Shared<K, S> {
+    pub(crate) fn new(settings: Settings) -> Self {
+        Shared {
+            snapshot: ArcSwap::from_pointee(Snapshot::empty()),
+            generation: AtomicU64::new(0),
+            changed: Arc::new(Notify::new()),
+            settings,
+            cursor: Padded(AtomicU64::new(0)),
+            clones: AtomicU64::new(0),
+            driver: AtomicWaker::new(),
+            dirty: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// A generator for a new clone: deterministic per clone ordinal when seeded.
+    pub(crate) fn clone_rng(&self) -> Rng {
+        let ordinal = self.clones.fetch_add(1, Ordering::Relaxed);
+        Rng::new(rng::mix(
+            self.settings.seed ^ ordinal.wrapping_mul(0xA076_1D64_78BD_642F),
+        ))
+    }
+
+    /// Asks the driver to rebuild the snapshot soon.
+    pub(crate) fn kick(&self) {
+        self.dirty.store(true, Ordering::Release);
+        self.driver.wake();
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Chooses a position in `snap.picks` (non-empty) with the configured strategy: O(1).
+    pub(crate) fn choose(&self, snap: &Snapshot<K, S>, rng: &mut Rng) -> usize {
+        let n = snap.picks.len();
+        debug_assert!(n > 0);
+        match self.settings.kind {
+            Kind::RoundRobin => (self.cursor.0.fetch_add(1, Ordering::Relaxed) % n as u64) as usize,
+            Kind::Random => rng.below(n),
+            Kind::Weighted => {
+                let k = self.cursor.0.fetch_add(1, Ordering::Relaxed);
+                match &snap.alias {
+                    Some(table) => table.pick(rng::weyl(k)),
+                    // Every eligible target weighs zero: uniform among them.
+                    None => ((u128::from(rng::weyl(k)) * n as u128) >> 64) as usize,
+                }
+            }
+            Kind::LeastInFlight | Kind::PeakEwma => {
+                if n == 1 {
+                    return 0;
+                }
+                let a = rng.below(n);
+                let mut b = rng.below(n - 1);
+                if b >= a {
+                    b += 1;
+                }
+                let (ea, eb) = (&snap.picks[a], &snap.picks[b]);
+                let (la, lb) = if self.settings.kind == Kind::LeastInFlight {
+                    (ea.in_flight() as f64, eb.in_flight() as f64)
+                } else {
+                    let now = self.nanos_now();
+                    (
+                        ea.ewma_cost(now, &self.settings),
+                        eb.ewma_cost(now, &self.settings),
+                    )
+                };
+                if lb < la { b } else { a }
+            }
+        }
+    }
+
+    /// Nanoseconds since this balancer was built (its own monotonic clock).
+    pub(crate) fn nanos_now(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64
+    }
+}
+
+pub(crate) const LIVE: u8 = 0;
+pub(crate) const FAILED: u8 = 1;
+pub(crate) const REMOVED: u8 = 2;
+
+/// One discovered endpoint: its prototype service (cloned for each call), its card, and its
+/// load.
+///
+/// `repr(C)` keeps the fields a pick reads (state, load, card) first, on the same cache line
+/// as the reference count: with thousands of endpoints picked at random, each candidate then
+/// costs one cache miss rather than two.
+#[repr(C)]
+pub(crate) struct Endpoint<K, S> {
+    state: AtomicU8,
+    in_flight: AtomicUsize,
+    pub(crate) card: Option<EndpointCard>,
+    /// Peak-EWMA estimate (f64 bits, nanoseconds) and when it was last updated
+    /// (nanoseconds on the balancer's clock).
+    rtt_ns: AtomicU64,
+    rtt_at: AtomicU64,
+    pub(crate) service: S,
+    pub(crate) weight: f64,
+    pub(crate) name: Arc<str>,
+    pub(crate) key: K,
+    failure: OnceLock<Arc<str>>,
+}
+
+impl<K, S> Endpoint<K, S> {
+    pub(crate) fn new(
+        key: K,
+        name: Arc<str>,
+        service: S,
+        card: Option<EndpointCard>,
+        weight: f64,
+        settings: &Settings,
+        now_ns: u64,
+    ) -> Self {
+        Endpoint {
+            key,
+            name,
+            service,
+            card,
+            weight,
+            state: AtomicU8::new(LIVE),
+            failure: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            rtt_ns: AtomicU64::new(settings.ewma_default_ns.to_bits()),
+            rtt_at: AtomicU64::new(now_ns),
+        }
+    }
+
+    /// Whether the endpoint may be picked now: still discovered, not failed, and its card
+    /// (if any) eligible — ignoring quarantine when the set was built that way. A few
+    /// atomic loads; no lock.
+    pub(crate) fn admits(&self, ignoring_quarantine: bool) -> bool {
+        if self.state.load(Ordering::Acquire) != LIVE {
+            return false;
+        }
+        match &self.card {
+            None => true,
+            Some(card) if ignoring_quarantine => card.is_eligible_ignoring(&[LineKind::Quarantine]),
+            Some(card) => card.is_eligible(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_removed(&self) {
+        self.state.store(REMOVED, Ordering::Release);
+    }
+
+    /// Takes the endpoint out after its service failed `poll_ready`. Returns whether this
+    /// call was the one that did it.
+    pub(crate) fn mark_failed(&self, error: &str) -> bool {
+        let first = self.failure.set(Arc::from(error)).is_ok();
+        let _ = self
+            .state
+            .compare_exchange(LIVE, FAILED, Ordering::AcqRel, Ordering::Acquire);
+        first
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn start_call(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn end_call(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The estimate decayed towards zero since its last update, times (in flight + 1).
+    fn ewma_cost(&self, now_ns: u64, settings: &Settings) -> f64 {
+        let rtt = f64::from_bits(self.rtt_ns.load(Ordering::Relaxed));
+        let at = self.rtt_at.load(Ordering::Relaxed);
+        let elapsed = now_ns.saturating_sub(at) as f64;
+        let decayed = rtt * (-elapsed / settings.ewma_decay_ns).exp();
+        decayed * (self.in_flight() as f64 + 1.0)
+    }
+
+    /// Folds one observed round-trip time into the peak-EWMA estimate.
+    pub(crate) fn observe_rtt(&self, rtt_ns: f64, now_ns: u64, settings: &Settings) {
+        let at = self.rtt_at.swap(now_ns, Ordering::Relaxed);
+        let elapsed = now_ns.saturating_sub(at) as f64;
+        let w = (-elapsed / settings.ewma_decay_ns).exp();
+        let _ = self
+            .rtt_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let est = f64::from_bits(bits);
+                let next = if rtt_ns > est {
+                    rtt_ns
+                } else {
+                    est * w + rtt_ns * (1.0 - w)
+                };
+                Some(next.to_bits())
+            });
+    }
+
+    /// Why this endpoint cannot be used now (for [`NoHealthyTargets`]).
+    fn skip(&self) -> SkippedTarget {
+        let why = if self.state() == FAILED {
+            Skip::Failed(
+                self.failure
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from("poll_ready failed")),
+            )
+        } else {
+            match self.card.as_ref().map(EndpointCard::eligibility) {
+                Some(Err(ineligible)) => Skip::Ineligible(ineligible),
+                _ => Skip::NotReady,
+            }
+        };
+        SkippedTarget {
+            target: self.name.clone(),
+            why,
+        }
+    }
+}
+
+/// What discovery has said so far.
+#[derive(Debug, Clone)]
+pub(crate) enum Discovery {
+    Running,
+    Ended,
+    Failed(Arc<str>),
+}
+
+/// One immutable view of the endpoints, swapped whole when anything changes.
+pub(crate) struct Snapshot<K, S> {
+    pub(crate) generation: u64,
+    /// The endpoints to pick from: the eligible ones or, when none is, those that are
+    /// eligible but for quarantine.
+    pub(crate) picks: Box<[Arc<Endpoint<K, S>>]>,
+    /// Whether `picks` ignores quarantine.
+    pub(crate) ignoring_quarantine: bool,
+    /// For the weighted strategy: the alias table over `picks`' weights (`None`: uniform).
+    pub(crate) alias: Option<Alias>,
+    /// Every endpoint, in discovery order.
+    pub(crate) all: Box<[Arc<Endpoint<K, S>>]>,
+    pub(crate) discovery: Discovery,
+}
+
+impl<K, S> Snapshot<K, S> {
+    pub(crate) fn empty() -> Self {
+        Snapshot {
+            generation: 0,
+            picks: Box::new([]),
+            ignoring_quarantine: false,
+            alias: None,
+            all: Box::new([]),
+            discovery: Discovery::Running,
+        }
+    }
+
+    /// Whether any endpoint would be admitted right now, looking past this snapshot (which
+    /// may be a moment stale). O(n): only on the path that is about to report failure.
+    pub(crate) fn any_admits_now(&self) -> bool {
+        self.all.iter().any(|e| e.admits(false) || e.admits(true))
+    }
+
+    /// The error for a call that found nothing to pick.
+    pub(crate) fn no_healthy_targets(
+        &self,
+        waited: Option<Duration>,
+        caller_deadline: bool,
+    ) -> NoHealthyTargets {
+        let targets: Vec<SkippedTarget> = self.all.iter().map(|e| e.skip()).collect();
+        let note: Option<Arc<str>> = match (&self.discovery, targets.is_empty()) {
+            (Discovery::Failed(e), _) => Some(format!("discovery failed: {e}").into()),
+            (Discovery::Ended, true) => Some("discovery ended without any target".into()),
+            (Discovery::Running, true) => Some("no targets discovered yet".into()),
+            _ => None,
+        };
+        NoHealthyTargets::new(targets, note, waited, caller_deadline)
+    }
+}

@@ -1,0 +1,193 @@
+//! Discovery: endpoints come and go while the balancer runs, with or without traffic.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use balance_layer::error::BoxError;
+use balance_layer::{Balance, BalanceConfig, NoCard, NoHealthyTargets};
+use support::{Counted, Req, channel, settle, tally};
+use tower::discover::Change;
+use tower::{Service, ServiceExt};
+
+async fn call<S>(svc: &mut S) -> Result<Arc<str>, BoxError>
+where
+    S: Service<Req, Response = Arc<str>, Error = BoxError>,
+{
+    svc.ready().await?.call(Req::default()).await
+}
+
+fn names(v: Vec<Arc<str>>) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_inserted_and_removed_while_running() {
+    let (tx, discover) = channel::<String, Counted>(8);
+    let mut balance = Balance::new(discover, BalanceConfig::new()).unwrap();
+
+    let err = call(&mut balance).await.unwrap_err();
+    let err = err.downcast::<NoHealthyTargets>().unwrap();
+    assert!(
+        err.to_string().contains("no targets discovered yet"),
+        "{err}"
+    );
+
+    let (b0, b1) = (Counted::carded("b0"), Counted::carded("b1"));
+    tx.send(Change::Insert("b0".into(), b0.clone()))
+        .await
+        .unwrap();
+    settle(|| balance.targets().len() == 1).await;
+    for _ in 0..3 {
+        assert_eq!(&*call(&mut balance).await.unwrap(), "b0");
+    }
+
+    tx.send(Change::Insert("b1".into(), b1.clone()))
+        .await
+        .unwrap();
+    settle(|| balance.targets().len() == 2).await;
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.push(call(&mut balance).await.unwrap());
+    }
+    let t = tally(got);
+    assert_eq!((t["b0"], t["b1"]), (5, 5));
+
+    tx.send(Change::Remove("b0".into())).await.unwrap();
+    settle(|| names(balance.targets()) == ["b1"]).await;
+    let before = b0.hits();
+    for _ in 0..10 {
+        assert_eq!(&*call(&mut balance).await.unwrap(), "b1");
+    }
+    assert_eq!(b0.hits(), before, "a removed endpoint gets no new call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_is_driven_without_any_request() {
+    // Capacity 1: each send completes only once the balancer has taken the previous change,
+    // and no request is ever made.
+    let (tx, discover) = channel::<String, Counted>(1);
+    let balance = Balance::<_, Req>::new(discover, BalanceConfig::new()).unwrap();
+    let eps: Vec<Counted> = (0..5).map(|i| Counted::carded(&format!("b{i}"))).collect();
+    for e in &eps {
+        let send = tx.send(Change::Insert(e.name.to_string(), e.clone()));
+        tokio::time::timeout(Duration::from_secs(10), send)
+            .await
+            .expect("the balancer keeps taking changes")
+            .unwrap();
+    }
+    settle(|| balance.targets().len() == 5).await;
+    tx.send(Change::Remove("b3".into())).await.unwrap();
+    settle(|| balance.targets().len() == 4).await;
+    assert_eq!(names(balance.targets()), ["b0", "b1", "b2", "b4"]);
+    assert!(eps.iter().all(|e| e.hits() == 0), "no request was made");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_an_endpoint_lets_its_in_flight_calls_finish() {
+    let (mock, mut handle) = tower_test::mock::pair::<Req, Arc<str>>();
+    let (tx, discover) = channel::<String, NoCard<tower_test::mock::Mock<Req, Arc<str>>>>(4);
+    tx.send(Change::Insert("b0".into(), NoCard::new(mock)))
+        .await
+        .unwrap();
+    let mut balance = Balance::new(discover, BalanceConfig::new()).unwrap();
+    settle(|| balance.targets().len() == 1).await;
+
+    let in_flight = tokio::spawn({
+        let mut b = balance.clone();
+        async move { b.ready().await?.call(Req::default()).await }
+    });
+    let (_req, reply) = handle.next_request().await.expect("the call reached b0");
+
+    tx.send(Change::Remove("b0".into())).await.unwrap();
+    settle(|| balance.targets().is_empty()).await;
+
+    // The call made before the removal still completes, with b0's answer.
+    reply.send_response(Arc::from("b0"));
+    let answer = tokio::time::timeout(Duration::from_secs(10), in_flight)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*answer, "b0");
+
+    // New calls do not go there.
+    let err = call(&mut balance).await.unwrap_err();
+    assert!(err.is::<NoHealthyTargets>(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserting_a_known_key_replaces_its_service() {
+    let (tx, discover) = channel::<String, Counted>(4);
+    let mut balance = Balance::new(discover, BalanceConfig::new()).unwrap();
+    let (old, new) = (Counted::carded("old"), Counted::carded("new"));
+    tx.send(Change::Insert("b0".into(), old.clone()))
+        .await
+        .unwrap();
+    settle(|| balance.targets().len() == 1).await;
+    assert_eq!(&*call(&mut balance).await.unwrap(), "old");
+
+    tx.send(Change::Insert("b0".into(), new.clone()))
+        .await
+        .unwrap();
+    settle(|| call_now(&mut balance).as_deref() == Some("new")).await;
+    assert_eq!(names(balance.targets()), ["b0"]);
+    let before = old.hits();
+    for _ in 0..5 {
+        assert_eq!(&*call(&mut balance).await.unwrap(), "new");
+    }
+    assert_eq!(old.hits(), before);
+}
+
+/// One call, made only if the balancer is ready at once.
+fn call_now<S>(svc: &mut S) -> Option<String>
+where
+    S: Service<Req, Response = Arc<str>, Error = BoxError>,
+{
+    use futures_util::FutureExt;
+    let svc = svc.ready().now_or_never()?.ok()?;
+    Some(svc.call(Req::default()).now_or_never()?.ok()?.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_task_stops_with_the_last_clone() {
+    let (tx, discover) = channel::<String, Counted>(4);
+    let balance = Balance::<_, Req>::new(discover, BalanceConfig::new()).unwrap();
+    let clone = balance.clone();
+    drop(balance);
+    tx.send(Change::Insert("b0".into(), Counted::carded("b0")))
+        .await
+        .unwrap();
+    settle(|| clone.targets().len() == 1).await;
+    assert!(!tx.is_closed(), "a clone is alive: discovery keeps running");
+
+    drop(clone);
+    // The task drops the discovery stream (and with it the receiver) when it stops.
+    tokio::time::timeout(Duration::from_secs(10), tx.closed())
+        .await
+        .expect("discovery is dropped once no handle is left");
+}
+
+#[tokio::test]
+async fn endpoints_outlive_the_end_and_the_failure_of_discovery() {
+    let b0 = Counted::carded("b0");
+    let changes: Vec<Result<Change<String, Counted>, std::io::Error>> = vec![
+        Ok(Change::Insert("b0".into(), b0.clone())),
+        Err(std::io::Error::other("resolver went away")),
+    ];
+    let mut balance =
+        Balance::new(futures_util::stream::iter(changes), BalanceConfig::new()).unwrap();
+    for _ in 0..3 {
+        assert_eq!(&*call(&mut balance).await.unwrap(), "b0");
+    }
+    b0.card()
+        .set_health(endpoint_state::HealthVerdict::Unhealthy, None);
+    settle(|| balance.eligible_targets().is_empty()).await;
+    let err = call(&mut balance).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("discovery failed: resolver went away"),
+        "{err}"
+    );
+}

@@ -1,0 +1,376 @@
+//! Readiness: a clone reserves one ready endpoint in `poll_ready` and `call` uses it; not-ready
+//! endpoints are skipped or waited on with a real waker; no worker hop on the request path.
+
+mod support;
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use balance_layer::{Balance, BalanceConfig, NoCard, NoHealthyTargets, WithCard, WithoutCards};
+use endpoint_state::{EndpointCard, HasCard, HealthVerdict};
+use futures_util::FutureExt;
+use support::{Counted, Req, list, settle};
+use tokio_test::{assert_pending, assert_ready_ok, task};
+use tower::discover::ServiceList;
+use tower::{Service, ServiceExt};
+use tower_test::mock;
+
+type Mock = mock::Mock<Req, Arc<str>>;
+type Handle = mock::Handle<Req, Arc<str>>;
+type Named<S> = Vec<(Arc<str>, S)>;
+type Counter = Arc<AtomicUsize>;
+
+fn mocks(n: usize) -> (Named<NoCard<Mock>>, Vec<Handle>) {
+    (0..n)
+        .map(|i| {
+            let (svc, handle) = mock::pair();
+            ((Arc::from(format!("m{i}")), NoCard::new(svc)), handle)
+        })
+        .unzip()
+}
+
+#[tokio::test]
+async fn an_endpoint_that_is_not_ready_is_skipped_for_one_that_is() {
+    let (mut eps, mut handles) = mocks(1);
+    handles[0].allow(0);
+    let ready_one = Counted::plain("ready");
+    let mut balance = Balance::new(
+        WithoutCards::new(futures_util::stream::iter([
+            Ok::<_, Infallible>(tower::discover::Change::Insert(
+                "m0".to_string(),
+                Either::A(eps.remove(0).1.into_inner()),
+            )),
+            Ok(tower::discover::Change::Insert(
+                "ready".to_string(),
+                Either::B(ready_one.clone()),
+            )),
+        ])),
+        BalanceConfig::new(),
+    )
+    .unwrap();
+    let mut t = task::spawn(());
+    for _ in 0..10 {
+        assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+        let reply = balance
+            .call(Req::default())
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        assert_eq!(&*reply, "ready");
+    }
+    assert_eq!(ready_one.hits(), 10);
+}
+
+/// Two endpoint types in one discovery.
+#[derive(Clone)]
+enum Either {
+    A(Mock),
+    B(Counted),
+}
+
+impl Service<Req> for Either {
+    type Response = Arc<str>;
+    type Error = tower::BoxError;
+    type Future = futures_util::future::Either<
+        <Mock as Service<Req>>::Future,
+        futures_util::future::MapErr<
+            Ready<Result<Arc<str>, Infallible>>,
+            fn(Infallible) -> tower::BoxError,
+        >,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), tower::BoxError>> {
+        match self {
+            Either::A(m) => m.poll_ready(cx),
+            Either::B(c) => Service::<Req>::poll_ready(c, cx).map_err(|e| match e {}),
+        }
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        use futures_util::TryFutureExt;
+        match self {
+            Either::A(m) => futures_util::future::Either::Left(m.call(req)),
+            Either::B(c) => futures_util::future::Either::Right(
+                c.call(req)
+                    .map_err((|e: Infallible| match e {}) as fn(Infallible) -> tower::BoxError),
+            ),
+        }
+    }
+}
+
+#[tokio::test]
+async fn pending_while_nothing_is_ready_and_woken_when_one_is() {
+    let (eps, mut handles) = mocks(2);
+    for h in &mut handles {
+        h.allow(0);
+    }
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    let mut t = task::spawn(());
+    assert_pending!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert_pending!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert!(!t.is_woken(), "no busy re-poll");
+
+    // Either endpoint becoming ready wakes the waiting clone: here the first one tried.
+    handles[0].allow(1);
+    assert!(t.is_woken());
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    let fut = balance.call(Req::default());
+    let (_, reply) = handles[0].next_request().await.unwrap();
+    reply.send_response(Arc::from("m0"));
+    assert_eq!(&*fut.await.unwrap(), "m0");
+}
+
+#[tokio::test]
+async fn the_second_candidate_becoming_ready_wakes_too() {
+    let (eps, mut handles) = mocks(2);
+    for h in &mut handles {
+        h.allow(0);
+    }
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    let mut t = task::spawn(());
+    assert_pending!(t.enter(|cx, _| balance.poll_ready(cx)));
+    handles[1].allow(1);
+    assert!(t.is_woken());
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    let fut = balance.call(Req::default());
+    let (_, reply) = handles[1].next_request().await.unwrap();
+    reply.send_response(Arc::from("m1"));
+    assert_eq!(&*fut.await.unwrap(), "m1");
+}
+
+/// An always-ready endpoint that counts how often it is polled ready and how many clones of
+/// it hold a reservation (a permit taken in `poll_ready`, released by `call` or drop).
+#[derive(Debug)]
+struct Permits {
+    polls: Arc<AtomicUsize>,
+    held: Arc<AtomicUsize>,
+    holding: bool,
+    card: EndpointCard,
+}
+
+impl Clone for Permits {
+    fn clone(&self) -> Self {
+        Permits {
+            polls: self.polls.clone(),
+            held: self.held.clone(),
+            holding: false,
+            card: self.card.clone(),
+        }
+    }
+}
+
+impl Drop for Permits {
+    fn drop(&mut self) {
+        if self.holding {
+            self.held.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl HasCard for Permits {
+    fn card(&self) -> Option<&EndpointCard> {
+        Some(&self.card)
+    }
+}
+
+impl Service<Req> for Permits {
+    type Response = ();
+    type Error = Infallible;
+    type Future = Ready<Result<(), Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.polls.fetch_add(1, Ordering::SeqCst);
+        if !self.holding {
+            self.holding = true;
+            self.held.fetch_add(1, Ordering::SeqCst);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        assert!(self.holding, "called without a permit");
+        self.holding = false;
+        self.held.fetch_sub(1, Ordering::SeqCst);
+        ready(Ok(()))
+    }
+}
+
+fn permits(n: usize) -> (Named<Permits>, Counter, Counter) {
+    let (polls, held) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let eps = (0..n)
+        .map(|i| {
+            let name: Arc<str> = format!("p{i}").into();
+            let svc = Permits {
+                polls: polls.clone(),
+                held: held.clone(),
+                holding: false,
+                card: EndpointCard::new(name.clone()),
+            };
+            (name, svc)
+        })
+        .collect();
+    (eps, polls, held)
+}
+
+#[tokio::test]
+async fn a_clone_reserves_at_most_one_endpoint_and_call_uses_it() {
+    let (eps, polls, held) = permits(3);
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    let mut t = task::spawn(());
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert_eq!(
+        held.load(Ordering::SeqCst),
+        1,
+        "one reservation, however often polled"
+    );
+    assert_eq!(polls.load(Ordering::SeqCst), 1, "no second endpoint polled");
+    balance.call(Req::default()).await.unwrap();
+    assert_eq!(held.load(Ordering::SeqCst), 0, "call used the reservation");
+
+    // Two clones: one reservation each.
+    let mut other = balance.clone();
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert_ready_ok!(t.enter(|cx, _| other.poll_ready(cx)));
+    assert_eq!(held.load(Ordering::SeqCst), 2);
+    drop(other);
+    assert_eq!(
+        held.load(Ordering::SeqCst),
+        1,
+        "dropping a ready clone releases its reservation"
+    );
+    drop(balance);
+    assert_eq!(held.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_reservation_is_given_up_when_its_endpoint_turns_ineligible() {
+    let (eps, _polls, held) = permits(2);
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    let mut t = task::spawn(());
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    // Round-robin starts at p0.
+    eps[0].1.card.set_health(HealthVerdict::Unhealthy, None);
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    assert_eq!(held.load(Ordering::SeqCst), 1);
+    balance.call(Req::default()).await.unwrap();
+    assert_eq!(
+        eps[0].1.polls.load(Ordering::SeqCst),
+        2,
+        "p0 once, then p1 once"
+    );
+}
+
+#[tokio::test]
+#[should_panic(expected = "before poll_ready")]
+async fn a_clone_starts_unready() {
+    let (eps, _, _) = permits(1);
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    let mut t = task::spawn(());
+    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    let mut clone = balance.clone();
+    drop(clone.call(Req::default()));
+}
+
+#[tokio::test]
+async fn poll_ready_never_fails_when_nothing_is_eligible() {
+    let (eps, _, held) = permits(2);
+    for (_, e) in &eps {
+        e.card.set_health(HealthVerdict::Unhealthy, None);
+    }
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    settle(|| balance.eligible_targets().is_empty()).await;
+    let mut t = task::spawn(());
+    for _ in 0..3 {
+        assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
+    }
+    assert_eq!(held.load(Ordering::SeqCst), 0, "nothing reserved");
+    let err = balance.call(Req::default()).await.unwrap_err();
+    assert!(err.is::<NoHealthyTargets>());
+}
+
+#[tokio::test]
+async fn an_endpoint_that_fails_poll_ready_is_taken_out_and_named() {
+    let (mut eps, mut handles) = mocks(1);
+    handles[0].send_error("connection pool closed");
+    let backup = Counted::carded("backup");
+    let mut balance = Balance::new(
+        futures_util::stream::iter([
+            Ok::<_, Infallible>(tower::discover::Change::Insert(
+                "m0".to_string(),
+                Either::A(eps.remove(0).1.into_inner()),
+            )),
+            Ok(tower::discover::Change::Insert(
+                "backup".to_string(),
+                Either::B(backup.clone()),
+            )),
+        ])
+        .map_ok(|change| match change {
+            tower::discover::Change::Insert(k, Either::B(c)) => {
+                let card = c.card.clone().unwrap();
+                tower::discover::Change::Insert(k, WithCard::new(Either::B(c), card))
+            }
+            tower::discover::Change::Insert(k, a) => {
+                tower::discover::Change::Insert(k, WithCard::new(a, EndpointCard::new("m0")))
+            }
+            tower::discover::Change::Remove(k) => tower::discover::Change::Remove(k),
+        }),
+        BalanceConfig::new(),
+    )
+    .unwrap();
+    for _ in 0..4 {
+        let reply = balance
+            .ready()
+            .await
+            .unwrap()
+            .call(Req::default())
+            .await
+            .unwrap();
+        assert_eq!(&*reply, "backup");
+    }
+    settle(|| balance.eligible_targets().len() == 1).await;
+
+    backup
+        .card()
+        .set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
+    settle(|| balance.eligible_targets().is_empty()).await;
+    let err = balance
+        .ready()
+        .await
+        .unwrap()
+        .call(Req::default())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("m0: failed: connection pool closed"),
+        "{text}"
+    );
+    assert!(text.contains("backup: unhealthy (NOT_SERVING)"), "{text}");
+}
+
+use futures_util::TryStreamExt;
+
+#[tokio::test]
+async fn no_worker_hop_the_call_completes_on_its_first_poll() {
+    // With a Buffer in front, a call needs a worker task to run before it can complete.
+    let eps: Vec<Counted> = (0..3).map(|i| Counted::plain(&format!("n{i}"))).collect();
+    let mut balance = Balance::new(
+        WithoutCards::new(ServiceList::new::<Req>(eps.clone())),
+        BalanceConfig::new(),
+    )
+    .unwrap();
+    let cx = &mut Context::from_waker(std::task::Waker::noop());
+    for _ in 0..9 {
+        assert!(matches!(balance.poll_ready(cx), Poll::Ready(Ok(()))));
+        let mut fut = std::pin::pin!(balance.call(Req::default()));
+        assert!(fut.as_mut().poll(cx).is_ready());
+    }
+    assert!(eps.iter().all(|e| e.hits() == 3));
+}
+
+use std::future::Future;
