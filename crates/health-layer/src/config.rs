@@ -1,0 +1,362 @@
+//! The checker's configuration: a plain struct with defaults and builder-style setters,
+//! validated once by [`HealthConfig::build`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::checker::HealthChecker;
+use crate::error::{BoxError, ConfigError};
+use crate::probe::CustomProbe;
+#[cfg(feature = "http-probe")]
+use crate::probe::HttpProbe;
+
+/// How the checker looks at its targets.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum ProbeMode {
+    /// `grpc.health.v1.Health/Check`, a unary call with a deadline, on each target's schedule.
+    #[default]
+    Check,
+    /// `grpc.health.v1.Health/Watch`: one long-lived stream per target; every message is a
+    /// verdict at once (`SERVING` healthy, anything else unhealthy). A broken stream marks the
+    /// target unhealthy and re-subscribes with [`WatchBackoff`]. The interval is not used.
+    Watch,
+    /// GET a URL on each target, on its schedule. See [`HttpProbe`].
+    #[cfg(feature = "http-probe")]
+    Http(HttpProbe),
+    /// The user's own probe, on each target's schedule.
+    Custom(CustomProbe),
+}
+
+impl ProbeMode {
+    /// A custom probe from an async function of the target's name (see [`CustomProbe`]).
+    pub fn custom<F, Fut>(f: F) -> Self
+    where
+        F: Fn(Arc<str>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        ProbeMode::Custom(CustomProbe::new(f))
+    }
+
+    /// Whether probes of this mode need an endpoint URI for each target.
+    pub(crate) fn needs_endpoint(&self) -> bool {
+        !matches!(self, ProbeMode::Custom(_))
+    }
+}
+
+/// How a broken `Watch` stream re-subscribes: the n-th consecutive retry waits
+/// `min(initial × multiplier^n, max)`, then ± `jitter` of that. A message on the stream resets n.
+/// Defaults: 1 s × 1.6, jitter 0.2, max 120 s (gRPC's connection backoff).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WatchBackoff {
+    /// The first wait.
+    pub initial: Duration,
+    /// The growth per retry (at least 1).
+    pub multiplier: f64,
+    /// The random spread, a fraction of the wait in `[0, 1)`.
+    pub jitter: f64,
+    /// The longest wait before jitter.
+    pub max: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff {
+            initial: Duration::from_secs(1),
+            multiplier: 1.6,
+            jitter: 0.2,
+            max: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Builds a target's probe endpoint from its name.
+pub(crate) type EndpointTemplate =
+    Arc<dyn Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static>;
+
+/// Connects a probe channel from its endpoint.
+pub(crate) type Connector = Arc<
+    dyn Fn(Endpoint) -> Pin<Box<dyn Future<Output = Result<Channel, BoxError>> + Send>>
+        + Send
+        + Sync
+        + 'static,
+>;
+
+/// The health checker's configuration. Every setter has a default; [`build`](Self::build)
+/// validates the whole once and names the first bad field.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`mode`](Self::mode) | [`ProbeMode::Check`] |
+/// | [`interval`](Self::interval) | 30 s (0 disables the schedule: on-demand checks only) |
+/// | [`timeout`](Self::timeout) | 5 s per probe |
+/// | [`max_backoff`](Self::max_backoff) | 300 s |
+/// | [`jitter`](Self::jitter) | 0 (no spread) |
+/// | [`service`](Self::service) | `""` (the whole server) |
+/// | [`unimplemented_is_healthy`](Self::unimplemented_is_healthy) | `false` |
+/// | [`max_concurrent_probes`](Self::max_concurrent_probes) | 100 |
+/// | [`watch_backoff`](Self::watch_backoff) | 1 s × 1.6, jitter 0.2, max 120 s |
+/// | [`events_capacity`](Self::events_capacity) | 1024 transitions per subscriber |
+/// | [`fail_fast_callbacks`](Self::fail_fast_callbacks) | `false` |
+/// | [`endpoint_template`](Self::endpoint_template) | `Endpoint::from_shared(target)` |
+#[derive(Clone)]
+pub struct HealthConfig {
+    pub(crate) mode: ProbeMode,
+    pub(crate) interval: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) jitter: f64,
+    pub(crate) service: Arc<str>,
+    pub(crate) unimplemented_is_healthy: bool,
+    pub(crate) max_concurrent_probes: usize,
+    pub(crate) watch_backoff: WatchBackoff,
+    pub(crate) events_capacity: usize,
+    pub(crate) fail_fast_callbacks: bool,
+    pub(crate) endpoint_template: EndpointTemplate,
+    pub(crate) connector: Option<Connector>,
+}
+
+impl fmt::Debug for HealthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthConfig")
+            .field("mode", &self.mode)
+            .field("interval", &self.interval)
+            .field("timeout", &self.timeout)
+            .field("max_backoff", &self.max_backoff)
+            .field("jitter", &self.jitter)
+            .field("service", &self.service)
+            .field("unimplemented_is_healthy", &self.unimplemented_is_healthy)
+            .field("max_concurrent_probes", &self.max_concurrent_probes)
+            .field("watch_backoff", &self.watch_backoff)
+            .field("events_capacity", &self.events_capacity)
+            .field("fail_fast_callbacks", &self.fail_fast_callbacks)
+            .field("custom_connector", &self.connector.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            mode: ProbeMode::Check,
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(300),
+            jitter: 0.0,
+            service: Arc::from(""),
+            unimplemented_is_healthy: false,
+            max_concurrent_probes: 100,
+            watch_backoff: WatchBackoff::default(),
+            events_capacity: 1024,
+            fail_fast_callbacks: false,
+            endpoint_template: Arc::new(|target: &str| {
+                Endpoint::from_shared(target.to_owned()).map_err(Into::into)
+            }),
+            connector: None,
+        }
+    }
+}
+
+impl HealthConfig {
+    /// The defaults (see the table above).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How targets are probed.
+    pub fn mode(mut self, mode: ProbeMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The time between a target's checks while it passes (`Check`, HTTP and custom modes),
+    /// counted from the end of its last probe.
+    /// `Duration::ZERO` disables the schedule: targets are probed only by
+    /// [`check_now`](HealthChecker::check_now) and [`add_target_checked`](HealthChecker::add_target_checked).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The time one probe may take (connecting included). For `Watch`, the time to connect
+    /// and receive the stream's first message.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The longest wait between checks of a failing target: after n consecutive failures the
+    /// next check comes `interval × 2^(n−1)` later, at most this. One success resets.
+    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.max_backoff = max_backoff;
+        self
+    }
+
+    /// Spread each wait uniformly by ± this fraction (in `[0, 1)`), so that targets added
+    /// together do not stay in step. The result never exceeds `max_backoff`.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The service name asked about (`""`, the default, is the whole server). A target may
+    /// override it ([`Target::service`](crate::Target::service)).
+    pub fn service(mut self, service: impl Into<Arc<str>>) -> Self {
+        self.service = service.into();
+        self
+    }
+
+    /// Count an `UNIMPLEMENTED` answer (a server without the health service) as healthy, as
+    /// grpc-go does, to roll health checking out before every server has it. Default: unhealthy.
+    pub fn unimplemented_is_healthy(mut self, yes: bool) -> Self {
+        self.unimplemented_is_healthy = yes;
+        self
+    }
+
+    /// At most this many probes run at once (for `Watch`: stream set-ups). Others wait their
+    /// turn; their own timeout starts when they run.
+    pub fn max_concurrent_probes(mut self, n: usize) -> Self {
+        self.max_concurrent_probes = n;
+        self
+    }
+
+    /// How a broken `Watch` stream re-subscribes.
+    pub fn watch_backoff(mut self, backoff: WatchBackoff) -> Self {
+        self.watch_backoff = backoff;
+        self
+    }
+
+    /// How many transitions each [`subscribe`](HealthChecker::subscribe)r may fall behind by.
+    /// The checker never waits for a subscriber: one that falls further behind loses the oldest
+    /// transitions and learns how many on its next receive (`RecvError::Lagged`).
+    pub fn events_capacity(mut self, n: usize) -> Self {
+        self.events_capacity = n;
+        self
+    }
+
+    /// Let a panicking transition callback fail the caller of
+    /// [`stop`](HealthChecker::stop) (for tests) instead of being logged and ignored. Monitoring
+    /// goes on in both cases.
+    pub fn fail_fast_callbacks(mut self, yes: bool) -> Self {
+        self.fail_fast_callbacks = yes;
+        self
+    }
+
+    /// How a target's name becomes its probe endpoint: set TLS, origin, user agent, keep-alive
+    /// here. The default parses the name as a URI (`http://10.0.0.7:50051`). The endpoint's
+    /// own channel is used for probes only, never for application calls.
+    ///
+    /// ```
+    /// use health_layer::HealthConfig;
+    /// use tonic::transport::Endpoint;
+    /// let config = HealthConfig::new().endpoint_template(|target: &str| {
+    ///     Ok(Endpoint::from_shared(target.to_owned())?.user_agent("my-app-health")?)
+    /// });
+    /// # let _ = config;
+    /// ```
+    pub fn endpoint_template<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
+    {
+        self.endpoint_template = Arc::new(f);
+        self
+    }
+
+    /// Connect probe channels with this function instead of [`Endpoint::connect`] (a custom
+    /// connector: Unix sockets, in-memory transports, a proxy).
+    pub fn connector<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Endpoint) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Channel, BoxError>> + Send + 'static,
+    {
+        self.connector = Some(Arc::new(move |endpoint| Box::pin(f(endpoint))));
+        self
+    }
+
+    /// Validates the configuration and builds a checker (not started; see
+    /// [`HealthChecker::start`]).
+    pub fn build(self) -> Result<HealthChecker, ConfigError> {
+        self.validate()?;
+        Ok(HealthChecker::from_config(self))
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new(
+                "timeout",
+                self.timeout,
+                "must be greater than zero",
+            ));
+        }
+        if !self.interval.is_zero() && self.max_backoff < self.interval {
+            return Err(ConfigError::new(
+                "max_backoff",
+                self.max_backoff,
+                "must be at least the interval",
+            ));
+        }
+        if !(self.jitter.is_finite() && (0.0..1.0).contains(&self.jitter)) {
+            return Err(ConfigError::new(
+                "jitter",
+                self.jitter,
+                "must be a fraction in [0, 1)",
+            ));
+        }
+        if self.max_concurrent_probes == 0 || self.max_concurrent_probes > MAX_PERMITS {
+            return Err(ConfigError::new(
+                "max_concurrent_probes",
+                self.max_concurrent_probes,
+                "must be between 1 and 2^29",
+            ));
+        }
+        if self.events_capacity == 0 || self.events_capacity > MAX_PERMITS {
+            return Err(ConfigError::new(
+                "events_capacity",
+                self.events_capacity,
+                "must be between 1 and 2^29",
+            ));
+        }
+        let w = &self.watch_backoff;
+        if w.initial.is_zero() {
+            return Err(ConfigError::new(
+                "watch_backoff.initial",
+                w.initial,
+                "must be greater than zero",
+            ));
+        }
+        if !(w.multiplier.is_finite() && w.multiplier >= 1.0) {
+            return Err(ConfigError::new(
+                "watch_backoff.multiplier",
+                w.multiplier,
+                "must be a finite number of at least 1",
+            ));
+        }
+        if !(w.jitter.is_finite() && (0.0..1.0).contains(&w.jitter)) {
+            return Err(ConfigError::new(
+                "watch_backoff.jitter",
+                w.jitter,
+                "must be a fraction in [0, 1)",
+            ));
+        }
+        if w.max < w.initial {
+            return Err(ConfigError::new(
+                "watch_backoff.max",
+                w.max,
+                "must be at least watch_backoff.initial",
+            ));
+        }
+        #[cfg(feature = "http-probe")]
+        if let ProbeMode::Http(probe) = &self.mode {
+            probe.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// tokio's semaphore and broadcast channel limits, rounded down.
+const MAX_PERMITS: usize = 1 << 29;
