@@ -3,7 +3,6 @@
 //!
 //! `cargo bench -p endpoint-state --bench core`
 
-use std::convert::Infallible;
 use std::hint::black_box;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,45 +10,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use criterion::{Criterion, criterion_group, criterion_main};
 use endpoint_state::{
     ClassifiedBody, EndpointCard, Gate, GateCheck, HealthVerdict, LineKind, Outcome,
 };
 use http::HeaderMap;
 use http_body::{Body, Frame};
-
-/// A gRPC reply as tonic's body yields it: `messages` data frames, then the trailers.
-struct Reply {
-    messages: usize,
-    trailers: Option<HeaderMap>,
-}
-
-impl Reply {
-    fn new(trailers: &HeaderMap, messages: usize) -> Self {
-        Reply {
-            messages,
-            trailers: Some(trailers.clone()),
-        }
-    }
-}
-
-impl Body for Reply {
-    type Data = Bytes;
-    type Error = Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.messages > 0 {
-            self.messages -= 1;
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
-                b"\0\0\0\0\x05hello",
-            )))));
-        }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
-    }
-}
+use test_backends::synthetic::Reply;
 
 /// Read a body to its end, the way tonic's decoder does.
 /// Read a body to its end, the way tonic's decoder does. The trailers are handed back so that
@@ -85,21 +53,26 @@ fn body(c: &mut Criterion) {
     // A unary reply, built and read in each iteration (building it clones a header map, the
     // same cost in every variant).
     let mut g = c.benchmark_group("body/unary");
-    g.bench_function("bare", |b| b.iter(|| drain(Reply::new(&ok, 1))));
+    g.bench_function("bare", |b| b.iter(|| drain(Reply::new(ok.clone(), 1))));
     g.bench_function("passthrough_control", |b| {
         b.iter(|| {
             drain(Passthrough {
-                inner: Reply::new(&ok, 1),
+                inner: Reply::new(ok.clone(), 1),
             })
         })
     });
     g.bench_function("classified_no_listener", |b| {
-        b.iter(|| drain(ClassifiedBody::new(Reply::new(&ok, 1), None::<fn(Outcome)>)))
+        b.iter(|| {
+            drain(ClassifiedBody::new(
+                Reply::new(ok.clone(), 1),
+                None::<fn(Outcome)>,
+            ))
+        })
     });
     g.bench_function("classified_listener_ok", |b| {
         b.iter(|| {
             drain(ClassifiedBody::new(
-                Reply::new(&ok, 1),
+                Reply::new(ok.clone(), 1),
                 Some(listener(&seen)),
             ))
         })
@@ -107,7 +80,7 @@ fn body(c: &mut Criterion) {
     g.bench_function("classified_listener_error", |b| {
         b.iter(|| {
             drain(ClassifiedBody::new(
-                Reply::new(&unavailable, 1),
+                Reply::new(unavailable.clone(), 1),
                 Some(listener(&seen)),
             ))
         })
@@ -117,11 +90,11 @@ fn body(c: &mut Criterion) {
     // A server stream of 1,000 messages: what the wrapper costs per frame.
     let mut g = c.benchmark_group("body/stream_1000");
     g.throughput(criterion::Throughput::Elements(1_000));
-    g.bench_function("bare", |b| b.iter(|| drain(Reply::new(&ok, 1_000))));
+    g.bench_function("bare", |b| b.iter(|| drain(Reply::new(ok.clone(), 1_000))));
     g.bench_function("classified_no_listener", |b| {
         b.iter(|| {
             drain(ClassifiedBody::new(
-                Reply::new(&ok, 1_000),
+                Reply::new(ok.clone(), 1_000),
                 None::<fn(Outcome)>,
             ))
         })
@@ -129,7 +102,7 @@ fn body(c: &mut Criterion) {
     g.bench_function("classified_listener_ok", |b| {
         b.iter(|| {
             drain(ClassifiedBody::new(
-                Reply::new(&ok, 1_000),
+                Reply::new(ok.clone(), 1_000),
                 Some(listener(&seen)),
             ))
         })

@@ -42,6 +42,7 @@ mod black_hole;
 mod conn;
 pub mod pb;
 mod service;
+pub mod synthetic;
 
 pub use backend::{Backend, Backends, Mode};
 pub use black_hole::BlackHole;
