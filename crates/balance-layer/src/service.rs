@@ -118,6 +118,16 @@ impl<D: Discover, Req> Balance<D, Req> {
         self.picker.shared.snapshot.load().ignoring_quarantine
     }
 
+    /// A future that completes the next time the balancer takes in a change — an endpoint
+    /// inserted or removed, or a card that made one eligible or ineligible — after this call.
+    ///
+    /// Create it *before* reading [`eligible_targets`](Self::eligible_targets) or
+    /// [`targets`](Self::targets): a change that lands between the read and the first poll
+    /// still completes it, so a caller waiting for a condition never misses one.
+    pub fn changed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        Arc::clone(&self.picker.shared.changed).notified_owned()
+    }
+
     /// How many calls are in flight on the endpoint named `target` (counted by the
     /// least-loaded strategies only; `None` for an unknown target).
     pub fn in_flight(&self, target: &str) -> Option<usize> {

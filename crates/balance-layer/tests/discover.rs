@@ -191,3 +191,35 @@ async fn endpoints_outlive_the_end_and_the_failure_of_discovery() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_completes_when_the_balancer_takes_in_a_change() {
+    let (tx, discover) = channel::<String, Counted>(8);
+    let balance = Balance::<_, Req>::new(discover, BalanceConfig::new()).unwrap();
+    let b0 = Counted::carded("b0");
+
+    // Subscribed before the change: an insert completes it.
+    let changed = balance.changed();
+    tx.send(Change::Insert("b0".into(), b0.clone()))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), changed)
+        .await
+        .expect("an insert is a change");
+    assert_eq!(names(balance.targets()), ["b0"]);
+
+    // A card that makes an endpoint ineligible is a change too, with no discovery event.
+    let changed = balance.changed();
+    b0.card().set_health(
+        endpoint_state::HealthVerdict::Unhealthy,
+        Some("NOT_SERVING".into()),
+    );
+    tokio::time::timeout(Duration::from_secs(10), changed)
+        .await
+        .expect("an eligibility change is a change");
+    assert!(balance.eligible_targets().is_empty());
+
+    // Nothing happening: it stays pending.
+    let idle = tokio::time::timeout(Duration::from_millis(50), balance.changed()).await;
+    assert!(idle.is_err(), "no change, no completion");
+}
