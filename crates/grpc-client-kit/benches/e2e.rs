@@ -1,0 +1,246 @@
+//! End-to-end unary throughput and latency: the kit against tonic's and tower's balancers, in
+//! the same run.
+//!
+//! Three in-process test backends on loopback; `--callers` (64) tasks, each with its own clone
+//! of a generated `TestServiceClient`, call `Unary` back to back for a fixed time. Contenders:
+//!
+//! * `kit` — the grpc-client-kit channel with round-robin (health in Watch mode, quarantine and
+//!   breaker at their defaults: the whole per-target stack);
+//! * `tonic balance_list` — `Channel::balance_list` over the three endpoints;
+//! * `tower p2c` — tower's `p2c::Balance` over three `Channel`s (load: pending requests).
+//!   `p2c::Balance` is not `Clone`, so it sits behind a `tower::buffer::Buffer` (1,024 slots,
+//!   one worker task), the way tower means it to be shared;
+//! * `single Channel` — one bare `Channel` to one backend, for scale (no balancing at all).
+//!
+//! Each contender warms up (connections made, caches hot), then is measured; with
+//! `--rounds N` the measurement is split into N slices taken in rotating order, so that a
+//! change in the machine's load hits every contender alike. Latency is per successful call
+//! (HDR histogram, 3 significant digits). CPU is the time spent by the client runtime's
+//! threads and by the backends' runtime threads (from `/proc`), per call.
+//!
+//! The backends run on their own runtime (`--server-workers`, 2), the callers and every
+//! client's background tasks on another (`--client-workers`, 2). Note that test-backends
+//! records each request's headers (a short lock and a header-map clone per call): the same for
+//! every contender.
+//!
+//! ```text
+//! cargo bench -p grpc-client-kit --bench e2e                              # 5 s each, 1 s warm-up
+//! cargo bench -p grpc-client-kit --bench e2e -- --secs 10 --rounds 5      # longer, interleaved
+//! GCK_E2E_SECS=1 GCK_E2E_WARMUP_SECS=0.2 cargo bench -p grpc-client-kit --bench e2e   # smoke
+//! ```
+//!
+//! Under `cargo test --benches` (no `--bench` argument) it runs a 0.3 s smoke version.
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use grpc_client_kit::Kit;
+use grpc_client_kit::health::{HealthConfig, ProbeMode};
+use support::{
+    Args, CpuMark, LoadResult, UnaryCaller, balance_list, closed_loop, fmt_ns, loadavg,
+    single_channel, table, tower_p2c,
+};
+use test_backends::Backends;
+use test_backends::pb::test_service_client::TestServiceClient;
+
+/// Runs the closed loop for one contender: `(callers, duration) -> result`. Boxed once per
+/// run, not per call.
+type Runner = Box<dyn Fn(usize, Duration) -> Pin<Box<dyn Future<Output = LoadResult> + Send>>>;
+
+/// The closed loop over `client` (a generated client, cloned once per caller task).
+fn runner<C: UnaryCaller>(client: C) -> Runner {
+    Box::new(move |callers, d| {
+        let client = client.clone();
+        Box::pin(async move { closed_loop(&client, callers, d).await })
+    })
+}
+
+struct Contender {
+    name: &'static str,
+    client: Runner,
+    result: Option<LoadResult>,
+    cpu: (Duration, Duration),
+    /// Calls each backend received while this contender was measured.
+    split: Vec<u64>,
+}
+
+fn main() {
+    let args = Args::from_env();
+    let smoke = !args.is_bench();
+    let secs = args.secs("secs", "GCK_E2E_SECS", if smoke { 0.3 } else { 5.0 });
+    let warmup = args.secs(
+        "warmup",
+        "GCK_E2E_WARMUP_SECS",
+        if smoke { 0.1 } else { 1.0 },
+    );
+    let callers: usize = args.get("callers", "GCK_E2E_CALLERS", 64);
+    let rounds: u32 = args.get("rounds", "GCK_E2E_ROUNDS", 1);
+    let client_workers: usize = args.get("client-workers", "GCK_E2E_CLIENT_WORKERS", 2);
+    let server_workers: usize = args.get("server-workers", "GCK_E2E_SERVER_WORKERS", 2);
+    let only: Option<String> = args.get("only", "GCK_E2E_ONLY", String::new()).into();
+    let only = only.filter(|s| !s.is_empty());
+
+    let server_rt = support::runtime(support::SERVER_THREADS, server_workers);
+    let client_rt = support::runtime(support::CLIENT_THREADS, client_workers);
+    let backends = server_rt.block_on(Backends::start(3)).expect("backends");
+    let uris = backends.uris();
+
+    let mut contenders: Vec<Contender> = {
+        let _guard = client_rt.enter();
+        let mut all: Vec<(&'static str, Runner)> = Vec::new();
+        if let Some(kit) = client_rt.block_on(kit_runner(&uris)) {
+            all.push(("kit (round-robin)", kit));
+        }
+        all.push(("tonic balance_list", runner(balance_list(&uris))));
+        all.push(("tower p2c + Buffer", runner(tower_p2c(&uris))));
+        all.push((
+            "single Channel, 1 backend",
+            runner(single_channel(&uris[0])),
+        ));
+        all.into_iter()
+            .filter(|(name, _)| only.as_deref().is_none_or(|o| name.contains(o)))
+            .map(|(name, client)| Contender {
+                name,
+                client,
+                result: None,
+                cpu: (Duration::ZERO, Duration::ZERO),
+                split: vec![0; 3],
+            })
+            .collect()
+    };
+
+    let load_before = loadavg();
+    let slice = secs / rounds;
+    for round in 0..rounds as usize {
+        let n = contenders.len();
+        for k in 0..n {
+            let c = &mut contenders[(round + k) % n];
+            let warm = client_rt.block_on((c.client)(callers, warmup));
+            assert!(
+                warm.ok > 0,
+                "{}: no successful call in the warm-up: {:?}",
+                c.name,
+                warm.errors
+            );
+            let hits_before: Vec<u64> = backends.iter().map(|b| b.hits()).collect();
+            let cpu = CpuMark::now();
+            let r = client_rt.block_on((c.client)(callers, slice));
+            let (client_cpu, server_cpu) = cpu.since();
+            for (i, b) in backends.iter().enumerate() {
+                c.split[i] += b.hits() - hits_before[i];
+            }
+            c.cpu.0 += client_cpu;
+            c.cpu.1 += server_cpu;
+            match &mut c.result {
+                Some(total) => total.merge(r),
+                None => c.result = Some(r),
+            }
+        }
+    }
+    let load_after = loadavg();
+
+    let reference = contenders
+        .iter()
+        .find(|c| c.name.starts_with("tonic"))
+        .and_then(|c| c.result.as_ref())
+        .map(|r| (r.throughput(), r.latency.value_at_quantile(0.99)));
+    let mut rows = Vec::new();
+    for c in &contenders {
+        let r = c.result.as_ref().expect("measured");
+        let calls = (r.ok + r.failed).max(1) as f64;
+        let (tput_ratio, p99_ratio) = match reference {
+            Some((tput, p99)) => (
+                format!("{:.2}", r.throughput() / tput),
+                format!(
+                    "{:.2}",
+                    r.latency.value_at_quantile(0.99) as f64 / p99 as f64
+                ),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        rows.push(vec![
+            c.name.to_string(),
+            format!("{:.0}", r.throughput()),
+            tput_ratio,
+            fmt_ns(r.latency.value_at_quantile(0.50)),
+            fmt_ns(r.latency.value_at_quantile(0.99)),
+            p99_ratio,
+            fmt_ns(r.latency.value_at_quantile(0.999)),
+            fmt_ns(r.latency.max()),
+            format!("{:.1}", c.cpu.0.as_secs_f64() * 1e6 / calls),
+            format!("{:.1}", c.cpu.1.as_secs_f64() * 1e6 / calls),
+            c.split
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join("/"),
+            r.failed.to_string(),
+        ]);
+    }
+    println!(
+        "e2e unary: 3 backends on loopback, {callers} callers, {} measured per contender \
+         ({rounds} round(s), {} warm-up each), client runtime {client_workers} workers, \
+         backend runtime {server_workers} workers{}",
+        support::fmt_dur(secs),
+        support::fmt_dur(warmup),
+        if smoke { " [smoke run]" } else { "" },
+    );
+    print!(
+        "{}",
+        table(
+            &[
+                "contender",
+                "calls/s",
+                "x tonic",
+                "p50",
+                "p99",
+                "p99 x tonic",
+                "p99.9",
+                "max",
+                "client CPU µs/call",
+                "server CPU µs/call",
+                "b0/b1/b2 calls",
+                "errors",
+            ],
+            &rows,
+        )
+    );
+    for c in &contenders {
+        let r = c.result.as_ref().expect("measured");
+        if !r.errors.is_empty() {
+            println!("{} errors, e.g.: {:?}", c.name, r.errors);
+        }
+    }
+    println!("load average before: {load_before}; after: {load_after}");
+
+    let failed: u64 = contenders
+        .iter()
+        .map(|c| c.result.as_ref().map_or(0, |r| r.failed))
+        .sum();
+    drop(contenders);
+    client_rt.shutdown_timeout(Duration::from_secs(1));
+    server_rt.block_on(async {
+        for b in backends.iter() {
+            b.stop().await;
+        }
+    });
+    assert_eq!(failed, 0, "no call may fail on healthy backends");
+}
+
+/// The kit's channel over `uris`: round-robin, health in Watch mode, quarantine and breaker at
+/// their defaults. The channel keeps the kit running.
+async fn kit_runner(uris: &[String]) -> Option<Runner> {
+    let kit = Kit::builder()
+        .targets(uris.iter().cloned())
+        .health(HealthConfig::new().mode(ProbeMode::Watch))
+        .build()
+        .expect("kit");
+    assert!(
+        kit.wait_until_ready(Duration::from_secs(10)).await,
+        "kit ready"
+    );
+    Some(runner(TestServiceClient::new(kit.channel())))
+}

@@ -1,0 +1,145 @@
+//! One unary call through the kit against the same call through tonic's `Channel::balance_list`
+//! and a bare `Channel` to one backend, in the same run, over three in-process backends on
+//! loopback.
+//!
+//! `cargo bench -p grpc-client-kit --bench kit_call`
+//!
+//! * `sequential`: one caller, one call per iteration (latency of a whole call).
+//! * `concurrent_32`: 32 callers, each making its share of the iterations (throughput; the
+//!   reported time is wall time per call).
+//!
+//! The backends run in the same process and the same runtime as the callers, so the figures
+//! include the servers' own work; only the differences between the rows are the clients'.
+
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use grpc_client_kit::Kit;
+use grpc_client_kit::health::{HealthConfig, ProbeMode};
+use test_backends::Backends;
+use test_backends::pb::Ping;
+use test_backends::pb::test_service_client::TestServiceClient;
+use tonic::client::GrpcService;
+use tonic::transport::{Channel, Endpoint};
+
+const CALLERS: u64 = 32;
+
+async fn sequential<T>(mut client: TestServiceClient<T>, iters: u64) -> Duration
+where
+    T: GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let start = Instant::now();
+    for _ in 0..iters {
+        client
+            .unary(Ping::default())
+            .await
+            .expect("the call succeeds");
+    }
+    start.elapsed()
+}
+
+async fn concurrent<T>(client: &TestServiceClient<T>, iters: u64) -> Duration
+where
+    T: GrpcService<tonic::body::Body> + Clone + Send + 'static,
+    T::Future: Send,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let start = Instant::now();
+    let per = iters.div_ceil(CALLERS);
+    let mut tasks = Vec::new();
+    for _ in 0..CALLERS {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..per {
+                client
+                    .unary(Ping::default())
+                    .await
+                    .expect("the call succeeds");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (per * CALLERS) as f64)
+}
+
+fn calls(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let backends = rt.block_on(Backends::start(3)).unwrap();
+    let uris = backends.uris();
+
+    let (kit, bare, list) = rt.block_on(async {
+        let kit = Kit::builder()
+            .targets(uris.clone())
+            .health(HealthConfig::new().mode(ProbeMode::Watch))
+            .build()
+            .unwrap();
+        assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+        let bare = Endpoint::from_shared(uris[0].clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let list = Channel::balance_list(
+            uris.iter()
+                .map(|u| Endpoint::from_shared(u.clone()).unwrap()),
+        );
+        (kit, bare, list)
+    });
+    let kit_client = TestServiceClient::new(kit.channel());
+    let bare_client = TestServiceClient::new(bare);
+    let list_client = TestServiceClient::new(list);
+
+    let mut g = c.benchmark_group("sequential");
+    g.bench_function("kit", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| sequential(kit_client.clone(), iters))
+    });
+    g.bench_function("balance_list", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| sequential(list_client.clone(), iters))
+    });
+    g.bench_function("bare_channel", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| sequential(bare_client.clone(), iters))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("concurrent_32");
+    g.bench_function("kit", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| concurrent(&kit_client, iters))
+    });
+    g.bench_function("balance_list", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| concurrent(&list_client, iters))
+    });
+    g.bench_function("bare_channel", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| concurrent(&bare_client, iters))
+    });
+    g.finish();
+    rt.block_on(kit.shutdown());
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4))
+        .sample_size(30);
+    targets = calls
+}
+criterion_main!(benches);

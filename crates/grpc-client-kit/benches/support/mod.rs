@@ -1,0 +1,408 @@
+//! What the end-to-end and reaction benchmarks share: settings from arguments and the
+//! environment, the runtimes, the baseline clients, a closed-loop unary load generator with an
+//! HDR histogram, CPU accounting per runtime, and table formatting.
+//!
+//! Not every bench binary uses every item.
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use test_backends::pb::test_service_client::TestServiceClient;
+use test_backends::pb::{Ping, Pong};
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+/// The boxed error tonic's generated clients accept from a transport.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+// ----- settings -----
+
+/// Command-line arguments after `--` (`cargo bench --bench e2e -- --secs 2`), falling back to
+/// an environment variable, then to a default. `cargo bench` itself passes `--bench`, which is
+/// how a real benchmark run is told apart from `cargo test --benches` (a smoke run).
+#[derive(Debug, Clone)]
+pub(crate) struct Args {
+    args: Vec<String>,
+}
+
+impl Args {
+    /// The process arguments.
+    pub(crate) fn from_env() -> Self {
+        Self {
+            args: std::env::args().skip(1).collect(),
+        }
+    }
+
+    /// Whether `cargo bench` started us (it passes `--bench`); `false` under `cargo test`.
+    pub(crate) fn is_bench(&self) -> bool {
+        self.args.iter().any(|a| a == "--bench")
+    }
+
+    /// Whether `--flag` was given.
+    pub(crate) fn flag(&self, flag: &str) -> bool {
+        self.args.iter().any(|a| a == flag)
+    }
+
+    /// `--name VALUE` or `--name=VALUE`, else the environment variable `env`, else `default`.
+    pub(crate) fn get<T: std::str::FromStr>(&self, name: &str, env: &str, default: T) -> T {
+        let long = format!("--{name}");
+        let prefix = format!("--{name}=");
+        let mut from_args = None;
+        for (i, a) in self.args.iter().enumerate() {
+            if let Some(v) = a.strip_prefix(&prefix) {
+                from_args = Some(v.to_string());
+            } else if *a == long {
+                from_args = self.args.get(i + 1).cloned();
+            }
+        }
+        let raw = from_args.or_else(|| std::env::var(env).ok());
+        match raw {
+            Some(raw) => raw
+                .parse()
+                .unwrap_or_else(|_| panic!("--{name} / {env}: cannot parse {raw:?}")),
+            None => default,
+        }
+    }
+
+    /// A duration in (fractional) seconds, as [`get`](Self::get).
+    pub(crate) fn secs(&self, name: &str, env: &str, default: f64) -> Duration {
+        Duration::from_secs_f64(self.get(name, env, default))
+    }
+}
+
+// ----- runtimes -----
+
+/// A multi-thread runtime with `workers` threads named `name` (the name is how the CPU
+/// accounting below tells the client side from the servers).
+pub(crate) fn runtime(name: &str, workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Thread-name prefix of the client runtime.
+pub(crate) const CLIENT_THREADS: &str = "gck-client";
+/// Thread-name prefix of the backends' runtime.
+pub(crate) const SERVER_THREADS: &str = "gck-server";
+
+// ----- clients -----
+
+/// A unary caller: a generated tonic client over any transport, erased to what the load
+/// generator needs. Implemented for every `TestServiceClient<T>` whose transport can be sent
+/// between threads.
+pub(crate) trait UnaryCaller: Clone + Send + Sync + 'static {
+    /// One `TestService/Unary` call.
+    fn unary(
+        &mut self,
+        request: tonic::Request<Ping>,
+    ) -> impl Future<Output = Result<Pong, Status>> + Send;
+}
+
+impl<T> UnaryCaller for TestServiceClient<T>
+where
+    T: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
+    T::Future: Send,
+    T::Error: Into<BoxError>,
+    T::ResponseBody: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
+{
+    fn unary(
+        &mut self,
+        request: tonic::Request<Ping>,
+    ) -> impl Future<Output = Result<Pong, Status>> + Send {
+        let call = TestServiceClient::unary(self, request);
+        async move { call.await.map(tonic::Response::into_inner) }
+    }
+}
+
+/// An endpoint with tonic's defaults (no timeouts, `TCP_NODELAY` on), as every contender uses.
+pub(crate) fn endpoint(uri: &str) -> Endpoint {
+    Endpoint::from_shared(uri.to_string()).expect("backend uri")
+}
+
+/// tonic's own balancer over `uris` (must be called inside the client runtime: it spawns).
+pub(crate) fn balance_list(uris: &[String]) -> TestServiceClient<Channel> {
+    TestServiceClient::new(Channel::balance_list(uris.iter().map(|u| endpoint(u))))
+}
+
+/// One bare `Channel` to `uri`, connected lazily.
+pub(crate) fn single_channel(uri: &str) -> TestServiceClient<Channel> {
+    TestServiceClient::new(endpoint(uri).connect_lazy())
+}
+
+/// tower's power-of-two-choices balancer (`PendingRequests` load) over one `Channel` per uri.
+/// `p2c::Balance` is not `Clone`, so, as tower intends, it sits behind a `Buffer` (bounded at
+/// 1,024 waiting requests; one worker task) which every caller clones.
+pub(crate) fn tower_p2c(uris: &[String]) -> TestServiceClient<impl UnaryTransport> {
+    use tower::load::{CompleteOnResponse, PendingRequests};
+    let channels: Vec<_> = uris
+        .iter()
+        .map(|u| PendingRequests::new(endpoint(u).connect_lazy(), CompleteOnResponse::default()))
+        .collect();
+    let balance = tower::balance::p2c::Balance::new(tower::discover::ServiceList::new(channels));
+    TestServiceClient::new(tower::buffer::Buffer::new(balance, 1024))
+}
+
+/// The transports above, named for `impl Trait` returns.
+pub(crate) trait UnaryTransport:
+    tonic::client::GrpcService<
+        tonic::body::Body,
+        Error = BoxError,
+        ResponseBody = tonic::body::Body,
+        Future: Send,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> UnaryTransport for T where
+    T: tonic::client::GrpcService<
+            tonic::body::Body,
+            Error = BoxError,
+            ResponseBody = tonic::body::Body,
+            Future: Send,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+// ----- closed-loop load -----
+
+/// What a load run measured.
+#[derive(Debug)]
+pub(crate) struct LoadResult {
+    /// Calls that succeeded.
+    pub(crate) ok: u64,
+    /// Calls that failed.
+    pub(crate) failed: u64,
+    /// Wall time from the start to the end of the last call.
+    pub(crate) elapsed: Duration,
+    /// Latency of successful calls, in nanoseconds.
+    pub(crate) latency: Histogram<u64>,
+    /// The first few distinct errors, for the report.
+    pub(crate) errors: Vec<String>,
+}
+
+impl LoadResult {
+    fn empty() -> Self {
+        Self {
+            ok: 0,
+            failed: 0,
+            elapsed: Duration::ZERO,
+            latency: new_histogram(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Successful calls per second.
+    pub(crate) fn throughput(&self) -> f64 {
+        self.ok as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Adds another run (same contender, another round).
+    pub(crate) fn merge(&mut self, other: LoadResult) {
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.elapsed += other.elapsed;
+        self.latency.add(&other.latency).expect("same bounds");
+        for e in other.errors {
+            if self.errors.len() < 3 && !self.errors.contains(&e) {
+                self.errors.push(e);
+            }
+        }
+    }
+}
+
+/// A histogram of nanoseconds from 1 ns to 60 s, 3 significant digits.
+pub(crate) fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// `callers` tasks each call `client` (their own clone) back to back until `duration` has
+/// passed; each call's latency goes into the task's own histogram, merged at the end.
+pub(crate) async fn closed_loop<C: UnaryCaller>(
+    client: &C,
+    callers: usize,
+    duration: Duration,
+) -> LoadResult {
+    let start = Instant::now();
+    let end = start + duration;
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let mut r = LoadResult::empty();
+                while Instant::now() < end {
+                    let t0 = Instant::now();
+                    let outcome = client.unary(tonic::Request::new(Ping::default())).await;
+                    let took = t0.elapsed();
+                    match outcome {
+                        Ok(_) => {
+                            r.ok += 1;
+                            r.latency.saturating_record(took.as_nanos() as u64);
+                        }
+                        Err(status) => {
+                            r.failed += 1;
+                            let e = format!("{:?}: {}", status.code(), status.message());
+                            if r.errors.len() < 3 && !r.errors.contains(&e) {
+                                r.errors.push(e);
+                            }
+                        }
+                    }
+                }
+                r
+            })
+        })
+        .collect();
+    let mut total = LoadResult::empty();
+    for t in tasks {
+        total.merge(t.await.expect("caller task panicked"));
+    }
+    total.elapsed = start.elapsed();
+    total
+}
+
+// ----- CPU accounting -----
+
+/// CPU time (user + system) used so far by this process's threads whose name starts with
+/// `prefix`, from `/proc/self/task/*/stat` (clock-tick resolution, 10 ms).
+pub(crate) fn thread_cpu(prefix: &str) -> Duration {
+    let ticks_per_sec = 100u64; // USER_HZ on Linux
+    let mut ticks = 0u64;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ... ; comm may hold spaces, so split after the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        // After the comm: state is field 3; utime and stime are fields 14 and 15.
+        let utime: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0);
+        let stime: u64 = fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+        ticks += utime + stime;
+    }
+    Duration::from_millis(ticks * 1000 / ticks_per_sec)
+}
+
+/// CPU used by the client and server runtimes since [`CpuMark::now`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuMark {
+    client: Duration,
+    server: Duration,
+}
+
+impl CpuMark {
+    /// The counters now.
+    pub(crate) fn now() -> Self {
+        Self {
+            client: thread_cpu(CLIENT_THREADS),
+            server: thread_cpu(SERVER_THREADS),
+        }
+    }
+
+    /// (client, server) CPU used since `self`.
+    pub(crate) fn since(self) -> (Duration, Duration) {
+        let now = Self::now();
+        (
+            now.client.saturating_sub(self.client),
+            now.server.saturating_sub(self.server),
+        )
+    }
+}
+
+/// `/proc/loadavg`'s three averages.
+pub(crate) fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+// ----- formatting -----
+
+/// A duration in µs or ms, 3 significant digits.
+pub(crate) fn fmt_dur(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1_000.0 {
+        format!("{us:.0} µs")
+    } else if us < 10_000.0 {
+        format!("{:.2} ms", us / 1e3)
+    } else if us < 1_000_000.0 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+/// Nanoseconds from a histogram, formatted.
+pub(crate) fn fmt_ns(ns: u64) -> String {
+    fmt_dur(Duration::from_nanos(ns))
+}
+
+/// A plain-text table: a header row, then rows; columns padded to their widest cell. The
+/// first column is left-aligned, the others right-aligned.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let cols = header.len();
+    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(cols) {
+            width[i] = width[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = width[i] - cell.chars().count();
+            if i == 0 {
+                out.push_str(cell);
+                out.push_str(&" ".repeat(pad));
+            } else {
+                out.push_str("  ");
+                out.push_str(&" ".repeat(pad));
+                out.push_str(cell);
+            }
+        }
+        out.push('\n');
+    };
+    line(header.to_vec());
+    let rule: Vec<String> = width.iter().map(|w| "-".repeat(*w)).collect();
+    line(rule.iter().map(String::as_str).collect());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// A counter shared by caller tasks.
+pub(crate) fn counter() -> Arc<AtomicU64> {
+    Arc::new(AtomicU64::new(0))
+}
+
+/// Reads a shared counter.
+pub(crate) fn read(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// Appends `line` and a newline to `out` (keeps report building terse).
+pub(crate) fn push_line(out: &mut String, line: impl std::fmt::Display) {
+    let _ = writeln!(out, "{line}");
+}

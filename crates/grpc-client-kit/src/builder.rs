@@ -1,0 +1,456 @@
+//! The builder: targets, endpoint template, health, quarantine, breaker, strategy — validated
+//! whole before anything starts.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use balance_layer::{Balance, BalanceConfig, Strategy, Weights};
+use breaker_layer::BreakerConfig;
+use endpoint_state::FailureCodes;
+use health_layer::{HealthChecker, HealthConfig};
+use quarantine_layer::{QuarantineConfig, QuarantineGroup};
+use tokio::sync::mpsc;
+use tonic::transport::Endpoint;
+
+use crate::dns::{DnsSettings, DnsTarget};
+use crate::error::{BoxError, BuildError, InvalidConfig};
+use crate::kit::{Kit, KitState, Life, Registry};
+use crate::stack::{CHANGES_CAPACITY, KitDiscover, StackFactory};
+use crate::template::EndpointTemplate;
+
+/// Builds a [`Kit`]. Every setting has a default except the targets; [`build`](Self::build)
+/// validates everything first and starts nothing unless all of it is valid.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`target`](Self::target) / [`targets`](Self::targets) | required: exactly one of them |
+/// | [`endpoint_template`](Self::endpoint_template) | the URI with tonic's defaults |
+/// | [`health`](Self::health) | `Check` every 30 s, 5 s timeout ([`HealthConfig::default`]) |
+/// | [`quarantine`](Self::quarantine) | 5 s after `UNAVAILABLE` / `DEADLINE_EXCEEDED` |
+/// | [`breaker`](Self::breaker) | open after 5 consecutive failures, for 5 s (growing) |
+/// | [`strategy`](Self::strategy) | round-robin |
+/// | [`wait_for_ready`](Self::wait_for_ready) | `false`: fail at once when nothing is eligible |
+/// | [`dns`](Self::dns) | re-resolve by TTL, between 1 s and 30 s |
+///
+/// The breaker always runs in [`WhenOpen::Wait`](crate::breaker::WhenOpen::Wait) mode under the
+/// kit (an open target is skipped by the balancer, and named in the error when no target is
+/// left).
+pub struct KitBuilder {
+    target: Option<String>,
+    targets: Option<Vec<String>>,
+    template: EndpointTemplate,
+    health: Option<HealthConfig>,
+    quarantine: Option<QuarantineConfig>,
+    breaker: Option<BreakerConfig>,
+    balance: BalanceConfig,
+    dns: DnsSettings,
+}
+
+impl fmt::Debug for KitBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KitBuilder")
+            .field("target", &self.target)
+            .field("targets", &self.targets)
+            .field("health", &self.health)
+            .field("quarantine", &self.quarantine)
+            .field("breaker", &self.breaker)
+            .field("balance", &self.balance)
+            .field("dns", &self.dns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for KitBuilder {
+    fn default() -> Self {
+        KitBuilder::new()
+    }
+}
+
+impl KitBuilder {
+    /// The defaults (see the table above); no target yet.
+    pub fn new() -> Self {
+        KitBuilder {
+            target: None,
+            targets: None,
+            template: EndpointTemplate::new(),
+            health: Some(HealthConfig::default()),
+            quarantine: Some(QuarantineConfig::default()),
+            breaker: Some(BreakerConfig::default()),
+            balance: BalanceConfig::default(),
+            dns: DnsSettings::default(),
+        }
+    }
+
+    /// One target: an address (`http://10.0.0.7:50051`; `10.0.0.7:50051` means `http://`) or a
+    /// DNS name re-resolved as its records change (`dns:///billing.svc:50051`, see
+    /// [`dns`](crate::dns)). Exclusive with [`targets`](Self::targets).
+    #[must_use]
+    pub fn target(mut self, target: impl Into<String>) -> Self {
+        self.target = Some(target.into());
+        self
+    }
+
+    /// A fixed list of addresses. Exclusive with [`target`](Self::target).
+    #[must_use]
+    pub fn targets<I>(mut self, targets: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.targets = Some(targets.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// How a target's URI becomes its tonic `Endpoint` (TLS, origin, user agent, timeouts).
+    /// The same endpoint builds the application channel and the health probe's channel.
+    #[must_use]
+    pub fn endpoint_template<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
+    {
+        self.template = EndpointTemplate::from_fn(f);
+        self
+    }
+
+    /// Sets the [`EndpointTemplate`] itself.
+    #[must_use]
+    pub fn template(mut self, template: EndpointTemplate) -> Self {
+        self.template = template;
+        self
+    }
+
+    /// Active health checking: mode (`Check`, `Watch`), interval, timeout, service name,
+    /// unimplemented policy, ... (its endpoint template is not used: probes use the kit's).
+    #[must_use]
+    pub fn health(mut self, config: HealthConfig) -> Self {
+        self.health = Some(config);
+        self
+    }
+
+    /// No active health checking: every target counts as healthy (quarantine and the breaker
+    /// still apply).
+    #[must_use]
+    pub fn without_health(mut self) -> Self {
+        self.health = None;
+        self
+    }
+
+    /// Passive quarantine.
+    #[must_use]
+    pub fn quarantine(mut self, config: QuarantineConfig) -> Self {
+        self.quarantine = Some(config);
+        self
+    }
+
+    /// No passive quarantine (failed calls never take a target out;
+    /// [`report_failure`](crate::quarantine::QuarantineGroup::report_failure) still works).
+    #[must_use]
+    pub fn without_quarantine(mut self) -> Self {
+        self.quarantine = None;
+        self
+    }
+
+    /// The circuit breaker of every target (its `when_open` is always `Wait` under the kit).
+    #[must_use]
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = Some(config);
+        self
+    }
+
+    /// No circuit breaker (every target's breaker is disabled: calls pass, nothing counted).
+    #[must_use]
+    pub fn without_breaker(mut self) -> Self {
+        self.breaker = None;
+        self
+    }
+
+    /// How the balancer chooses among eligible targets. Weights are keyed by target name
+    /// (the address as written, with `http://` added when it had no scheme).
+    #[must_use]
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.balance.strategy = strategy;
+        self
+    }
+
+    /// Whether a call made while no target is eligible waits for one (up to its own deadline
+    /// and [`max_wait`](Self::max_wait)) instead of failing at once.
+    #[must_use]
+    pub fn wait_for_ready(mut self, wait: bool) -> Self {
+        self.balance.wait_for_ready = wait;
+        self
+    }
+
+    /// With [`wait_for_ready`](Self::wait_for_ready): the longest a call waits.
+    #[must_use]
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.balance.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The whole balancer configuration (strategy, wait-for-ready, seed).
+    #[must_use]
+    pub fn balance(mut self, config: BalanceConfig) -> Self {
+        self.balance = config;
+        self
+    }
+
+    /// How a DNS target is re-resolved.
+    #[must_use]
+    pub fn dns(mut self, settings: DnsSettings) -> Self {
+        self.dns = settings;
+        self
+    }
+
+    /// Validates everything, then starts the kit: the targets' channels (connected lazily), the
+    /// health checker, the balancer's task and, for a DNS target, the resolver's task. On error
+    /// nothing has started (no task, no connection, no probe).
+    ///
+    /// Must be called inside a tokio runtime (checked after the configuration).
+    pub fn build(self) -> Result<Kit, BuildError> {
+        // 1. Validate everything; nothing below starts anything.
+        let spec = self.target_spec()?;
+        let checker: Option<HealthChecker> = match self.health {
+            Some(config) => Some(config.build().map_err(|e| {
+                let (field, value) = (e.field, e.value.clone());
+                InvalidConfig::from_layer("health", field, &value, e)
+            })?),
+            None => None,
+        };
+        let quarantine = self.quarantine.unwrap_or_else(|| {
+            QuarantineConfig::default()
+                .failure_codes(FailureCodes::NONE)
+                .outlier_ejection(None)
+        });
+        let group = QuarantineGroup::new(quarantine).map_err(|e| {
+            let (field, value) = (e.field().to_owned(), e.value().to_owned());
+            InvalidConfig::from_layer("quarantine", &field, &value, e)
+        })?;
+        let breaker_enabled = self.breaker.is_some();
+        let breaker = self
+            .breaker
+            .unwrap_or_default()
+            .when_open(breaker_layer::WhenOpen::Wait);
+        breaker.validate().map_err(|e| {
+            let (field, value) = (e.field().to_owned(), e.value().to_owned());
+            InvalidConfig::from_layer("breaker", &field, &value, e)
+        })?;
+        let mut balance = self.balance;
+        if let Strategy::Weighted(weights) = &balance.strategy {
+            balance.strategy = Strategy::Weighted(normalize_weights(weights, &spec)?);
+        }
+        balance.validate().map_err(|e| {
+            let (field, value) = (e.field().to_owned(), e.value().to_owned());
+            InvalidConfig::from_layer("", &field, &value, e)
+        })?;
+        self.dns.validate()?;
+        // 2. Start.
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        #[cfg(feature = "dns")]
+        let resolver = match &spec {
+            TargetSpec::Dns(target) => Some(crate::dns::resolver(target)?),
+            TargetSpec::Static(_) => None,
+        };
+        let (changes_tx, changes_rx) = mpsc::channel(CHANGES_CAPACITY);
+        let factory = StackFactory {
+            group,
+            breaker,
+            breaker_enabled,
+            #[cfg(feature = "metrics")]
+            metrics: crate::metrics::KitMetrics::default(),
+        };
+        let registry = Arc::new(Registry::new(factory, checker, changes_tx));
+        let mut initial = Vec::new();
+        let mut probes = Vec::new();
+        let static_count;
+        match &spec {
+            TargetSpec::Static(targets) => {
+                static_count = targets.len();
+                for (name, endpoint) in targets {
+                    let (insert, probe) = registry.prepare(name.clone(), endpoint)?;
+                    initial.push(insert);
+                    probes.push(probe);
+                }
+            }
+            TargetSpec::Dns(_) => static_count = 0,
+        }
+        #[cfg(feature = "metrics")]
+        let health_events = registry.checker.as_ref().map(crate::metrics::subscribe_health);
+        if let Some(checker) = &registry.checker {
+            checker.start(probes).map_err(|e| {
+                InvalidConfig::new("health", "", format!("{e}")).with_source(Box::new(e))
+            })?;
+        }
+        let strategy = balance.strategy.name();
+        let balance = Balance::new(KitDiscover::new(initial, changes_rx), balance).map_err(|e| {
+            let (field, value) = (e.field().to_owned(), e.value().to_owned());
+            InvalidConfig::from_layer("", &field, &value, e)
+        })?;
+        let state = Arc::new(KitState::default());
+        #[cfg_attr(not(any(feature = "dns", feature = "metrics")), allow(unused_mut))]
+        let mut tasks = Vec::new();
+        #[cfg(feature = "metrics")]
+        if let Some(events) = health_events {
+            tasks.push(crate::metrics::observe_health(&runtime, events));
+        }
+        let (resolved, dns_name) = match spec {
+            TargetSpec::Static(_) => (None, None),
+            #[cfg(feature = "dns")]
+            TargetSpec::Dns(target) => {
+                let (tx, rx) = tokio::sync::watch::channel(false);
+                let name: Arc<str> = Arc::from(target.name());
+                let resolver = resolver.expect("resolver built for a DNS target");
+                tasks.push(runtime.spawn(crate::dns::run(
+                    target,
+                    self.dns.clone(),
+                    resolver,
+                    registry.clone(),
+                    state.clone(),
+                    self.template.clone(),
+                    tx,
+                )));
+                (Some(rx), Some(name))
+            }
+            #[cfg(not(feature = "dns"))]
+            TargetSpec::Dns(_) => unreachable!("refused without the dns feature"),
+        };
+        drop(runtime);
+        tracing::info!(
+            targets = static_count,
+            dns = dns_name.as_deref().unwrap_or(""),
+            strategy,
+            health = registry.checker.is_some(),
+            "grpc-client-kit started"
+        );
+        Ok(Kit {
+            life: Arc::new(Life {
+                state,
+                balance,
+                registry,
+                tasks: Mutex::new(tasks),
+                resolved,
+                dns_name,
+            }),
+        })
+    }
+
+    fn target_spec(&self) -> Result<TargetSpec, InvalidConfig> {
+        match (&self.target, &self.targets) {
+            (Some(one), Some(_)) => Err(InvalidConfig::new(
+                "target",
+                format!("{one:?}"),
+                "set either `target` (one address or a `dns:` name) or `targets` (a list of \
+                 addresses), not both",
+            )),
+            (None, None) => Err(InvalidConfig::new(
+                "targets",
+                "",
+                "no target: set `target` (one address or a `dns:` name) or `targets` (a list \
+                 of addresses)",
+            )),
+            (Some(one), None) if one.starts_with("dns:") => {
+                let target = DnsTarget::parse(one)?;
+                if cfg!(feature = "dns") {
+                    Ok(TargetSpec::Dns(target))
+                } else {
+                    Err(InvalidConfig::new(
+                        "target",
+                        format!("{one:?}"),
+                        "DNS targets need the `dns` cargo feature of grpc-client-kit",
+                    ))
+                }
+            }
+            (Some(one), None) => Ok(TargetSpec::Static(vec![self.resolve_static("target", one)?])),
+            (None, Some(list)) => {
+                if list.is_empty() {
+                    return Err(InvalidConfig::new(
+                        "targets",
+                        "[]",
+                        "the list is empty: give at least one address",
+                    ));
+                }
+                let mut seen = HashSet::new();
+                let mut out = Vec::with_capacity(list.len());
+                for (i, t) in list.iter().enumerate() {
+                    let field = format!("targets[{i}]");
+                    if t.starts_with("dns:") {
+                        return Err(InvalidConfig::new(
+                            field,
+                            format!("{t:?}"),
+                            "a `dns:` name goes in `target`, alone",
+                        ));
+                    }
+                    let (name, endpoint) = self.resolve_static(&field, t)?;
+                    if !seen.insert(name.clone()) {
+                        return Err(InvalidConfig::new(
+                            field,
+                            format!("{t:?}"),
+                            format!("{name} is listed twice"),
+                        ));
+                    }
+                    out.push((name, endpoint));
+                }
+                Ok(TargetSpec::Static(out))
+            }
+        }
+    }
+
+    fn resolve_static(&self, field: &str, t: &str) -> Result<(Arc<str>, Endpoint), InvalidConfig> {
+        let uri = normalize(t);
+        let bad = |why: String| InvalidConfig::new(field, format!("{t:?}"), why);
+        let parsed: http::Uri = uri
+            .parse()
+            .map_err(|e| bad(format!("not a valid address: {e}")))?;
+        if parsed.host().is_none() {
+            return Err(bad("the address has no host".to_owned()));
+        }
+        let endpoint = self
+            .template
+            .endpoint(&uri)
+            .map_err(|e| bad(format!("the endpoint template refused it: {e}")))?;
+        Ok((Arc::from(uri), endpoint))
+    }
+}
+
+/// Targets as written by the user, resolved.
+enum TargetSpec {
+    Static(Vec<(Arc<str>, Endpoint)>),
+    #[cfg_attr(not(feature = "dns"), allow(dead_code))]
+    Dns(DnsTarget),
+}
+
+/// `10.0.0.7:50051` means `http://10.0.0.7:50051`.
+pub(crate) fn normalize(target: &str) -> String {
+    let target = target.trim();
+    if target.contains("://") {
+        target.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{target}")
+    }
+}
+
+/// Weights keyed as targets are named; for a fixed list, a weight for a target that is not in
+/// it is refused (a typo would silently weigh nothing).
+fn normalize_weights(weights: &Weights, spec: &TargetSpec) -> Result<Weights, InvalidConfig> {
+    let mut out = Weights::new();
+    for (target, weight) in weights.iter() {
+        let name = if target.is_empty() {
+            String::new()
+        } else {
+            normalize(target)
+        };
+        if let TargetSpec::Static(list) = spec
+            && !name.is_empty()
+            && !list.iter().any(|(n, _)| **n == *name)
+        {
+            return Err(InvalidConfig::new(
+                format!("weights[{target}]"),
+                weight.to_string(),
+                "not one of the targets",
+            ));
+        }
+        out = out.weight(name, weight);
+    }
+    Ok(out)
+}

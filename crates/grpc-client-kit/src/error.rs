@@ -1,0 +1,318 @@
+//! The kit's errors.
+//!
+//! Every error a call through a [`KitChannel`](crate::KitChannel) can end with reaches a
+//! generated tonic client as a proper gRPC [`Status`] — never `UNKNOWN` — whose message names
+//! the target(s) and why:
+//!
+//! | condition | error | code |
+//! |---|---|---|
+//! | no target is eligible (unhealthy, breaker open, ...) | [`NoHealthyTargets`](crate::balance::NoHealthyTargets) | `UNAVAILABLE` (`DEADLINE_EXCEEDED` when a wait-for-ready call ran out its own deadline) |
+//! | ... and the DNS name cannot be resolved | [`DiscoveryFailed`] | `UNAVAILABLE` |
+//! | a transport error on the chosen target (refused, reset, ...) | [`TransportError`] | `UNAVAILABLE` (`DEADLINE_EXCEEDED` for a local timeout) |
+//! | the kit was shut down | [`KitShutDown`] | `UNAVAILABLE` |
+//!
+//! Each is a typed error whose [`source`](Error::source) is the matching [`Status`]: tonic finds
+//! it by walking the chain. Statuses a backend answers with pass through untouched.
+//!
+//! Building a kit fails with [`BuildError`]: an [`InvalidConfig`] naming the field and the value,
+//! and nothing started.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use endpoint_state::CallStatus;
+use tonic::{Code, Status};
+
+/// tower's usual boxed error.
+pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+/// A configuration value the kit refuses: names the field (as a path in the configuration file,
+/// `breaker.open.jitter`) and the value. Nothing was started.
+///
+/// Displays as `invalid grpc-client-kit configuration: breaker.open.jitter = 1.5: ...`.
+#[derive(Debug)]
+pub struct InvalidConfig {
+    field: String,
+    value: String,
+    message: String,
+    source: Option<BoxError>,
+}
+
+impl InvalidConfig {
+    pub(crate) fn new(
+        field: impl Into<String>,
+        value: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        InvalidConfig {
+            field: field.into(),
+            value: value.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error of a layer's own validation, re-rooted at `section` (`breaker`, `health`, ...).
+    pub(crate) fn from_layer(
+        section: &str,
+        field: &str,
+        value: &str,
+        error: impl Error + Send + Sync + 'static,
+    ) -> Self {
+        let field = if section.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{section}.{field}")
+        };
+        InvalidConfig {
+            field,
+            value: value.to_owned(),
+            message: error.to_string(),
+            source: Some(Box::new(error)),
+        }
+    }
+
+    pub(crate) fn with_source(mut self, source: BoxError) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The field, as a path in the configuration (`targets[1]`, `health.timeout`,
+    /// `weights[http://10.0.0.7:50051]`).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The refused value, as written.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// What is wrong with it.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid grpc-client-kit configuration: {}", self.field)?;
+        if !self.value.is_empty() {
+            write!(f, " = {}", self.value)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl Error for InvalidConfig {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// [`KitBuilder::build`](crate::KitBuilder::build) refused to build: nothing was started (no
+/// task, no connection, no probe).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A setting is invalid.
+    InvalidConfig(InvalidConfig),
+    /// `build` was called outside a tokio runtime (the kit's tasks need one).
+    NoRuntime,
+}
+
+impl BuildError {
+    /// The invalid setting, if that is what failed.
+    pub fn invalid_config(&self) -> Option<&InvalidConfig> {
+        match self {
+            BuildError::InvalidConfig(e) => Some(e),
+            BuildError::NoRuntime => None,
+        }
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::InvalidConfig(e) => e.fmt(f),
+            BuildError::NoRuntime => {
+                f.write_str("grpc-client-kit must be built inside a tokio runtime")
+            }
+        }
+    }
+}
+
+impl Error for BuildError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            BuildError::InvalidConfig(e) => Some(e),
+            BuildError::NoRuntime => None,
+        }
+    }
+}
+
+impl From<InvalidConfig> for BuildError {
+    fn from(e: InvalidConfig) -> Self {
+        BuildError::InvalidConfig(e)
+    }
+}
+
+/// A call failed in the transport to its target (connection refused or reset, an HTTP/2 error,
+/// a local timeout) — an error tonic would otherwise report without the target, and often as
+/// `UNKNOWN`.
+///
+/// Displays as `http://10.0.0.7:50051: transport error: ... Connection refused`; a generated
+/// client sees `UNAVAILABLE` (or `DEADLINE_EXCEEDED` for a local timeout, which tonic itself
+/// reports as `CANCELLED`) with the same message. The original error is
+/// [`cause`](Self::cause), and the status's own source.
+#[derive(Debug)]
+pub struct TransportError {
+    target: Arc<str>,
+    status: Status,
+    cause: Arc<dyn Error + Send + Sync + 'static>,
+}
+
+impl TransportError {
+    /// Wraps `error` unless a [`Status`] is already in its chain (tonic finds that one).
+    pub(crate) fn wrap(target: &Arc<str>, error: BoxError) -> BoxError {
+        let mut cur: Option<&(dyn Error + 'static)> = Some(&*error);
+        while let Some(e) = cur {
+            if e.is::<Status>() {
+                return error;
+            }
+            cur = e.source();
+        }
+        let call = CallStatus::from_error(&*error);
+        let code = if call.code == Code::DeadlineExceeded {
+            Code::DeadlineExceeded
+        } else {
+            Code::Unavailable
+        };
+        let cause: Arc<dyn Error + Send + Sync + 'static> = Arc::from(error);
+        let mut status = Status::new(code, format!("{target}: {}", call.message));
+        status.set_source(cause.clone());
+        Box::new(TransportError {
+            target: target.clone(),
+            status,
+            cause,
+        })
+    }
+
+    /// The target the call went to.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The status a gRPC client receives.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// The transport's own error.
+    pub fn cause(&self) -> &(dyn Error + Send + Sync + 'static) {
+        &*self.cause
+    }
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.status.message())
+    }
+}
+
+impl Error for TransportError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.status)
+    }
+}
+
+/// No target could take the call and the kit's DNS name cannot be resolved: the message says
+/// both (`DNS resolution of dns:///billing.svc:50051 failed: ...; no healthy targets: ...`).
+/// A generated client sees `UNAVAILABLE`.
+#[derive(Debug)]
+pub struct DiscoveryFailed {
+    name: Arc<str>,
+    reason: Arc<str>,
+    inner: BoxError,
+    status: Status,
+}
+
+impl DiscoveryFailed {
+    pub(crate) fn new(name: Arc<str>, reason: Arc<str>, inner: BoxError, code: Code) -> Self {
+        let status = Status::new(
+            code,
+            format!("DNS resolution of {name} failed: {reason}; {inner}"),
+        );
+        DiscoveryFailed {
+            name,
+            reason,
+            inner,
+            status,
+        }
+    }
+
+    /// The DNS target (`dns:///billing.svc:50051`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Why the last resolution failed.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The balancer's own error (a [`NoHealthyTargets`](crate::balance::NoHealthyTargets)).
+    pub fn no_healthy_targets(&self) -> &(dyn Error + Send + Sync + 'static) {
+        &*self.inner
+    }
+
+    /// The status a gRPC client receives.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+}
+
+impl fmt::Display for DiscoveryFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.status.message())
+    }
+}
+
+impl Error for DiscoveryFailed {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.status)
+    }
+}
+
+/// The kit was [shut down](crate::Kit::shutdown): its channels take no more calls. A generated
+/// client sees `UNAVAILABLE`.
+#[derive(Debug)]
+pub struct KitShutDown {
+    status: Status,
+}
+
+impl KitShutDown {
+    pub(crate) fn new() -> Self {
+        KitShutDown {
+            status: Status::unavailable("grpc-client-kit was shut down: no calls are accepted"),
+        }
+    }
+
+    /// The status a gRPC client receives.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+}
+
+impl fmt::Display for KitShutDown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.status.message())
+    }
+}
+
+impl Error for KitShutDown {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.status)
+    }
+}

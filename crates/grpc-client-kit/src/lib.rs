@@ -1,0 +1,175 @@
+//! Makes a tonic client survive its backends: active health checking, passive quarantine, a
+//! circuit breaker per target and a load balancer, composed into **one channel that a generated
+//! client takes exactly like a tonic `Channel`**.
+//!
+//! Each piece is its own crate and its own tower layer, re-exported here — [`health`],
+//! [`quarantine`], [`breaker`], [`balance`], and the shared core, [`state`] — so you can add a
+//! single one to an existing stack with `ServiceBuilder`. This crate composes all of them:
+//!
+//! ```text
+//!              ┌────────────────────── per target (one EndpointCard each) ──────────────────────┐
+//! KitChannel → Balance → Health gate → Quarantine → Breaker → transport errors named → Channel
+//!   (clone)    O(1) pick   (Watch/Check    (5 s after    (Wait mode:        (UNAVAILABLE,       (tonic,
+//!              over the    verdicts from   UNAVAILABLE,  skipped while      target in the       lazy)
+//!              eligible    the checker)    never empties open)              message)
+//!              targets                     the choice)
+//! ```
+//!
+//! * **Targets** are a fixed list, or a DNS name re-resolved as its records change
+//!   ([`dns`]); the balancer's discovery adds and removes the per-target stacks as they come
+//!   and go.
+//! * **One card per target.** The health checker, quarantine and the breaker each write their
+//!   line of the target's [`EndpointCard`](state::EndpointCard); the balancer reads the cards to
+//!   keep an exact set of eligible targets and to say why each was skipped.
+//! * **The endpoint template** ([`EndpointTemplate`]) builds each target's tonic `Endpoint` —
+//!   TLS, origin, user agent, timeouts — for its application channel *and* its health probe's
+//!   channel (a separate connection: probes never count towards breakers or quarantine).
+//! * **Errors are gRPC statuses** naming the target(s) and why, never `UNKNOWN` (see
+//!   [`error`]): `UNAVAILABLE` when no target is eligible (each listed: unhealthy, breaker open,
+//!   quarantined ...), when the DNS name cannot be resolved, on a transport error.
+//! * **Lifetime.** [`KitBuilder::build`] starts the health checker, the balancer's task and the
+//!   DNS task; [`Kit::shutdown`] stops them, as does dropping the last handle (every [`Kit`]
+//!   and [`KitChannel`] clone is one). [`Kit::wait_until_ready`] waits for first verdicts.
+//! * **Configuration** from code ([`KitBuilder`]) or a file ([`KitConfig`], serde; TOML with
+//!   [`KitConfig::from_toml`]); either way every invalid value fails the build naming the field
+//!   and the value, and nothing starts.
+//! * **Observability.** The layers log their transitions with `tracing` (`info`), the kit its
+//!   own (targets added and removed, DNS failures, start and stop); the `metrics` feature counts
+//!   calls, failures, quarantines, breaker and health transitions per target through the
+//!   [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! # Example
+//!
+//! Three local test servers; the kit with `Watch` health checking; a generated client.
+//!
+//! ```
+//! use std::time::Duration;
+//! use grpc_client_kit::Kit;
+//! use grpc_client_kit::health::{HealthConfig, ProbeMode};
+//! use test_backends::Backends;
+//! use test_backends::pb::{Ping, test_service_client::TestServiceClient};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backends = Backends::start(3).await?;
+//! let kit = Kit::builder()
+//!     .targets(backends.uris())
+//!     .health(HealthConfig::new().mode(ProbeMode::Watch))
+//!     .build()?;
+//! assert!(kit.wait_until_ready(Duration::from_secs(5)).await);
+//! let mut client = TestServiceClient::new(kit.channel());
+//!
+//! backends[1].set_serving(false).await; // b1 leaves the rotation at once
+//! # while kit.eligible_targets().len() != 2 { tokio::time::sleep(Duration::from_millis(1)).await }
+//! for _ in 0..60 {
+//!     client.unary(Ping::default()).await?;
+//! }
+//! let hits: Vec<u64> = backends.iter().map(|b| b.hits()).collect();
+//! assert_eq!(hits, [30, 0, 30]);
+//!
+//! for b in backends.iter() {
+//!     b.set_serving(false).await;
+//! }
+//! # while !kit.eligible_targets().is_empty() { tokio::time::sleep(Duration::from_millis(1)).await }
+//! let status = client.unary(Ping::default()).await.unwrap_err();
+//! assert_eq!(status.code(), tonic::Code::Unavailable);
+//! assert!(status.message().starts_with("no healthy targets: "));
+//! assert!(status.message().contains(&format!("{}: unhealthy (NOT_SERVING)", backends[1].uri())));
+//! kit.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! One layer on its own, under `ServiceBuilder`, over a plain tonic `Channel` (a generated
+//! client takes the stack as it is):
+//!
+//! ```
+//! use grpc_client_kit::breaker::{BreakerConfig, BreakerLayer, WhenOpen};
+//! use grpc_client_kit::state::EndpointCard;
+//! use test_backends::Backends;
+//! use test_backends::pb::{Ping, test_service_client::TestServiceClient};
+//! use tower::ServiceBuilder;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backends = Backends::start(1).await?;
+//! let channel = tonic::transport::Channel::from_shared(backends[0].uri())?.connect_lazy();
+//! let card = EndpointCard::new(backends[0].uri());
+//! let config = BreakerConfig::default().consecutive_failures(2).when_open(WhenOpen::FailFast);
+//! let mut client = TestServiceClient::new(
+//!     ServiceBuilder::new().layer(BreakerLayer::new(card, config)?).service(channel),
+//! );
+//! backends[0].fail_always(Some(tonic::Code::Unavailable));
+//! for _ in 0..2 {
+//!     let _ = client.unary(Ping::default()).await;
+//! }
+//! let status = client.unary(Ping::default()).await.unwrap_err();
+//! assert!(status.message().contains("breaker open"));
+//! assert_eq!(backends[0].hits(), 2); // the third call never left the client
+//! # Ok(()) }
+//! ```
+//!
+//! # Cargo features
+//!
+//! `full` (the default) is `health`, `quarantine`, `breaker`, `balance`, `dns` and `toml`.
+//! Each of the first four re-exports its crate under the same name; the kit itself ([`Kit`],
+//! [`KitBuilder`], [`KitConfig`], [`KitChannel`]) needs all four. `dns` enables `dns:` targets
+//! (hickory-resolver), `toml` [`KitConfig::from_toml`]. `metrics` (off by default) adds the
+//! per-target counters. With only some layer features, the crate re-exports those layers and
+//! the core ([`state`]) and nothing else.
+
+#[cfg(feature = "balance")]
+#[doc(inline)]
+pub use balance_layer as balance;
+#[cfg(feature = "breaker")]
+#[doc(inline)]
+pub use breaker_layer as breaker;
+#[doc(inline)]
+pub use endpoint_state as state;
+#[cfg(feature = "health")]
+#[doc(inline)]
+pub use health_layer as health;
+#[cfg(feature = "quarantine")]
+#[doc(inline)]
+pub use quarantine_layer as quarantine;
+
+macro_rules! kit_items {
+    ($($item:item)*) => {
+        $(
+            #[cfg(all(feature = "health", feature = "quarantine", feature = "breaker", feature = "balance"))]
+            $item
+        )*
+    };
+}
+
+kit_items! {
+    mod builder;
+    mod config;
+    pub mod dns;
+    pub mod error;
+    pub mod future;
+    mod kit;
+    mod service;
+    mod stack;
+    mod template;
+
+    pub use builder::KitBuilder;
+    pub use config::{
+        BreakerSection, HealthMode, HealthSection, KitConfig, OpenSection, OutlierSection,
+        PeakEwmaSection, QuarantineSection, SlowCallsSection, StrategyName, TripSection,
+        WatchBackoffSection, WindowSetting,
+    };
+    pub use dns::{DnsSettings, DnsTarget};
+    pub use error::{BuildError, InvalidConfig};
+    pub use kit::Kit;
+    pub use service::KitChannel;
+    pub use template::{EndpointSettings, EndpointTemplate};
+}
+
+#[cfg(all(
+    feature = "metrics",
+    feature = "health",
+    feature = "quarantine",
+    feature = "breaker",
+    feature = "balance"
+))]
+mod metrics;
