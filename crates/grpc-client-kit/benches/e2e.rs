@@ -12,10 +12,15 @@
 //!   one worker task), the way tower means it to be shared;
 //! * `single Channel` — one bare `Channel` to one backend, for scale (no balancing at all).
 //!
-//! Each contender warms up (connections made, caches hot), then is measured; with
-//! `--rounds N` the measurement is split into N slices taken in rotating order, so that a
-//! change in the machine's load hits every contender alike. Latency is per successful call
-//! (HDR histogram, 3 significant digits). CPU is the time spent by the client runtime's
+//! With `--variants`, the kit also runs without its breaker, without quarantine, without
+//! health checking, and as the balancer alone: what each layer costs. `--only NAME` keeps
+//! the contenders whose name contains `NAME` (for profiling one at a time).
+//!
+//! Each contender warms up (connections made, caches hot), then is measured for `--secs` (10)
+//! in total, split into `--rounds` (20) slices taken in rotating order, each after a short
+//! warm-up (at most 250 ms; the first one `--warmup`, 1 s), so that a change in the machine's
+//! load hits every contender alike: on a shared machine, prefer many short rounds. Latency is
+//! per successful call (HDR histogram, 3 significant digits). CPU is the time spent by the client runtime's
 //! threads and by the backends' runtime threads (from `/proc`), per call.
 //!
 //! The backends run on their own runtime (`--server-workers`, 2), the callers and every
@@ -24,9 +29,10 @@
 //! every contender.
 //!
 //! ```text
-//! cargo bench -p grpc-client-kit --bench e2e                              # 5 s each, 1 s warm-up
-//! cargo bench -p grpc-client-kit --bench e2e -- --secs 10 --rounds 5      # longer, interleaved
-//! GCK_E2E_SECS=1 GCK_E2E_WARMUP_SECS=0.2 cargo bench -p grpc-client-kit --bench e2e   # smoke
+//! cargo bench -p grpc-client-kit --bench e2e                          # 10 s each, 20 rounds
+//! cargo bench -p grpc-client-kit --bench e2e -- --secs 30 --rounds 60 # steadier on a busy box
+//! cargo bench -p grpc-client-kit --bench e2e -- --variants            # the cost of each layer
+//! GCK_E2E_SECS=1 GCK_E2E_ROUNDS=1 cargo bench -p grpc-client-kit --bench e2e   # quick look
 //! ```
 //!
 //! Under `cargo test --benches` (no `--bench` argument) it runs a 0.3 s smoke version.
@@ -70,18 +76,19 @@ struct Contender {
 fn main() {
     let args = Args::from_env();
     let smoke = !args.is_bench();
-    let secs = args.secs("secs", "GCK_E2E_SECS", if smoke { 0.3 } else { 5.0 });
+    let secs = args.secs("secs", "GCK_E2E_SECS", if smoke { 0.3 } else { 10.0 });
     let warmup = args.secs(
         "warmup",
         "GCK_E2E_WARMUP_SECS",
         if smoke { 0.1 } else { 1.0 },
     );
     let callers: usize = args.get("callers", "GCK_E2E_CALLERS", 64);
-    let rounds: u32 = args.get("rounds", "GCK_E2E_ROUNDS", 1);
+    let rounds: u32 = args.get("rounds", "GCK_E2E_ROUNDS", if smoke { 1 } else { 20 });
     let client_workers: usize = args.get("client-workers", "GCK_E2E_CLIENT_WORKERS", 2);
     let server_workers: usize = args.get("server-workers", "GCK_E2E_SERVER_WORKERS", 2);
     let only: Option<String> = args.get("only", "GCK_E2E_ONLY", String::new()).into();
     let only = only.filter(|s| !s.is_empty());
+    let variants = args.flag("--variants") || std::env::var_os("GCK_E2E_VARIANTS").is_some();
 
     let server_rt = support::runtime(support::SERVER_THREADS, server_workers);
     let client_rt = support::runtime(support::CLIENT_THREADS, client_workers);
@@ -91,8 +98,19 @@ fn main() {
     let mut contenders: Vec<Contender> = {
         let _guard = client_rt.enter();
         let mut all: Vec<(&'static str, Runner)> = Vec::new();
-        if let Some(kit) = client_rt.block_on(kit_runner(&uris)) {
-            all.push(("kit (round-robin)", kit));
+        all.push((
+            "kit (round-robin)",
+            client_rt.block_on(kit_runner(&uris, Layers::All)),
+        ));
+        if variants {
+            for (name, layers) in [
+                ("kit without breaker", Layers::NoBreaker),
+                ("kit without quarantine", Layers::NoQuarantine),
+                ("kit without health", Layers::NoHealth),
+                ("kit, balancer only", Layers::BalanceOnly),
+            ] {
+                all.push((name, client_rt.block_on(kit_runner(&uris, layers))));
+            }
         }
         all.push(("tonic balance_list", runner(balance_list(&uris))));
         all.push(("tower p2c + Buffer", runner(tower_p2c(&uris))));
@@ -118,7 +136,14 @@ fn main() {
         let n = contenders.len();
         for k in 0..n {
             let c = &mut contenders[(round + k) % n];
-            let warm = client_rt.block_on((c.client)(callers, warmup));
+            // Connections are up after the first round: later slices only need the callers
+            // back in their steady state.
+            let warm_for = if round == 0 {
+                warmup
+            } else {
+                warmup.min(Duration::from_millis(250))
+            };
+            let warm = client_rt.block_on((c.client)(callers, warm_for));
             assert!(
                 warm.ok > 0,
                 "{}: no successful call in the warm-up: {:?}",
@@ -230,17 +255,36 @@ fn main() {
     assert_eq!(failed, 0, "no call may fail on healthy backends");
 }
 
+/// Which of the kit's per-target layers run (`--variants` measures each one's share).
+#[derive(Debug, Clone, Copy)]
+enum Layers {
+    All,
+    NoBreaker,
+    NoQuarantine,
+    NoHealth,
+    BalanceOnly,
+}
+
 /// The kit's channel over `uris`: round-robin, health in Watch mode, quarantine and breaker at
-/// their defaults. The channel keeps the kit running.
-async fn kit_runner(uris: &[String]) -> Option<Runner> {
-    let kit = Kit::builder()
+/// their defaults (or without some of them). The channel keeps the kit running.
+async fn kit_runner(uris: &[String], layers: Layers) -> Runner {
+    let mut builder = Kit::builder()
         .targets(uris.iter().cloned())
-        .health(HealthConfig::new().mode(ProbeMode::Watch))
-        .build()
-        .expect("kit");
+        .health(HealthConfig::new().mode(ProbeMode::Watch));
+    builder = match layers {
+        Layers::All => builder,
+        Layers::NoBreaker => builder.without_breaker(),
+        Layers::NoQuarantine => builder.without_quarantine(),
+        Layers::NoHealth => builder.without_health(),
+        Layers::BalanceOnly => builder
+            .without_health()
+            .without_quarantine()
+            .without_breaker(),
+    };
+    let kit = builder.build().expect("kit");
     assert!(
         kit.wait_until_ready(Duration::from_secs(10)).await,
         "kit ready"
     );
-    Some(runner(TestServiceClient::new(kit.channel())))
+    runner(TestServiceClient::new(kit.channel()))
 }

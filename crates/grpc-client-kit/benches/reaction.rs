@@ -63,9 +63,6 @@ struct Shared {
     base: Instant,
     /// Per backend: the start (ns after `base`) of the latest call it answered.
     last_start: [AtomicU64; 3],
-    /// Per backend: calls it answered.
-    answered: [AtomicU64; 3],
-    failed: AtomicU64,
     /// When the victim was flipped (ns after `base`; `u64::MAX`: no flip under way).
     flip_at: AtomicU64,
     /// Calls the victim answered that started after `flip_at`.
@@ -80,8 +77,6 @@ impl Shared {
             stop: AtomicBool::new(false),
             base: Instant::now(),
             last_start: Default::default(),
-            answered: Default::default(),
-            failed: AtomicU64::new(0),
             flip_at: AtomicU64::new(u64::MAX),
             late: AtomicU64::new(0),
             records: keep_records.then(|| Mutex::new(Vec::new())),
@@ -117,13 +112,9 @@ async fn caller<C: UnaryCaller>(mut client: C, shared: Arc<Shared>) {
                 if i == VICTIM && start_ns > shared.flip_at.load(Ordering::Acquire) {
                     shared.late.fetch_add(1, Ordering::Relaxed);
                 }
-                shared.answered[i].fetch_add(1, Ordering::Relaxed);
                 Ok(i)
             }
-            Err(status) => {
-                shared.failed.fetch_add(1, Ordering::Relaxed);
-                Err((status.code(), status.message().to_string()))
-            }
+            Err(status) => Err((status.code(), status.message().to_string())),
         };
         if shared.records.is_some() {
             local.push(Record {
@@ -235,9 +226,21 @@ impl Settings {
             flip_callers: args.get("flip-callers", "GCK_REACTION_FLIP_CALLERS", 8),
             trials: args.get("trials", "GCK_REACTION_TRIALS", if smoke { 1 } else { 5 }),
             concurrent: args.get("callers", "GCK_REACTION_CALLERS", 32),
-            observe: args.secs("observe", "GCK_REACTION_OBSERVE_SECS", 1.5),
-            lead: args.secs("lead", "GCK_REACTION_LEAD_SECS", 0.3),
-            grace: args.secs("grace", "GCK_REACTION_GRACE_SECS", 0.5),
+            observe: args.secs(
+                "observe",
+                "GCK_REACTION_OBSERVE_SECS",
+                if smoke { 0.6 } else { 1.5 },
+            ),
+            lead: args.secs(
+                "lead",
+                "GCK_REACTION_LEAD_SECS",
+                if smoke { 0.1 } else { 0.3 },
+            ),
+            grace: args.secs(
+                "grace",
+                "GCK_REACTION_GRACE_SECS",
+                if smoke { 0.2 } else { 0.5 },
+            ),
             check_interval: args.secs("check-interval", "GCK_REACTION_CHECK_INTERVAL_SECS", 1.0),
             smoke,
         }

@@ -555,28 +555,16 @@ async fn chaos_under_load() {
             ));
         }
         if verbose {
-            let named = named_backends(message, &backends);
-            let since: Vec<String> = faults
+            // The faults around the call, each with when the call started relative to it.
+            let around: Vec<String> = faults
                 .iter()
-                .filter(|f| {
-                    named.len() == 1
-                        && f.backend == named[0]
-                        && f.overlaps(c.start, c.end, RECOVERY)
-                })
-                .map(|f| {
-                    format!(
-                        "{:?} started {} before the call, ended {}",
-                        f.kind,
-                        at(c.start, f.start),
-                        at(f.end, c.start)
-                    )
-                })
+                .filter(|f| f.overlaps(c.start, c.end, PENALTY))
+                .map(|f| format!("b{} {:?} {}", f.backend, f.kind, at(c.start, f.start)))
                 .collect();
             println!(
-                "failed {}..{} {code:?} {:.150} {since:?}",
+                "failed {}..{} {code:?} {message:.200} | call started vs faults: {around:?}",
                 at(c.start, t0),
                 at(c.end, t0),
-                message
             );
         }
         if let Some(why) = unexplained(c, message, &faults, &backends) {

@@ -5,10 +5,7 @@
 //! Not every bench binary uses every item.
 #![allow(dead_code)]
 
-use std::fmt::Write as _;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -390,19 +387,4 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         line(row.iter().map(String::as_str).collect());
     }
     out
-}
-
-/// A counter shared by caller tasks.
-pub(crate) fn counter() -> Arc<AtomicU64> {
-    Arc::new(AtomicU64::new(0))
-}
-
-/// Reads a shared counter.
-pub(crate) fn read(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
-}
-
-/// Appends `line` and a newline to `out` (keeps report building terse).
-pub(crate) fn push_line(out: &mut String, line: impl std::fmt::Display) {
-    let _ = writeln!(out, "{line}");
 }
