@@ -101,7 +101,7 @@ impl CallStatus {
     /// (`tonic::TimeoutExpired`, tower's and tokio's `Elapsed`: `DEADLINE_EXCEEDED`); anything
     /// else is a transport failure: `UNAVAILABLE`. The message is the whole chain.
     pub fn from_error(err: &(dyn Error + 'static)) -> Self {
-        let message = chain_message(err);
+        let message = error_chain(err);
         let mut cur = Some(err);
         while let Some(e) = cur {
             if let Some(status) = e.downcast_ref::<tonic::Status>() {
@@ -189,9 +189,10 @@ impl fmt::Display for CallStatus {
     }
 }
 
-/// The error and its sources joined with `: `, skipping a source whose text its parent
-/// already shows.
-fn chain_message(err: &(dyn Error + 'static)) -> String {
+/// An error and its whole `source()` chain in words, joined with `: `
+/// (`transport error: tcp connect error: Connection refused`), skipping a source whose text
+/// is already shown. The form every layer uses for reasons and status messages.
+pub fn error_chain(err: &(dyn Error + 'static)) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {

@@ -64,7 +64,7 @@ pub use card::{
 #[doc(inline)]
 pub use classify::{
     CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, OnOutcome, Outcome,
-    OutcomeSource, ResponseFuture, Verdict, code_name,
+    OutcomeSource, ResponseFuture, Verdict, code_name, error_chain,
 };
 #[doc(inline)]
 pub use gate::{Gate, GateCheck, Opened};

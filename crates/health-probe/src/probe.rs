@@ -208,21 +208,7 @@ fn rpc_message(status: &Status, rpc_timeout: Duration) -> String {
     }
 }
 
-/// An error and its `source()` chain, `outer: inner`, without repeating an inner text the
-/// outer one already ends with.
-pub(crate) fn chain(err: &(dyn Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.ends_with(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
-}
+pub(crate) use endpoint_state::error_chain as chain;
 
 /// Everything a probe needs, built once from the options.
 #[derive(Debug)]

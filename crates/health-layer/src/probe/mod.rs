@@ -55,20 +55,7 @@ impl fmt::Display for Secs {
     }
 }
 
-/// An error and its whole `source()` chain in words, `outer: inner: innermost`.
-pub(crate) fn chain(err: &(dyn Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.ends_with(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = e.source();
-    }
-    out
-}
+pub(crate) use endpoint_state::error_chain as chain;
 
 /// What a probe found wrong. See [`ProbeError`].
 #[derive(Debug)]
