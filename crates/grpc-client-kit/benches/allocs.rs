@@ -7,15 +7,13 @@
 //! included; those are the same for every row, so the differences are the clients'.
 
 use std::alloc::System;
-use std::time::Duration;
 
-use grpc_client_kit::Kit;
-use grpc_client_kit::health::{HealthConfig, ProbeMode};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
-use tonic::transport::{Channel, Endpoint};
+
+mod support;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -30,21 +28,7 @@ fn main() {
     rt.block_on(async {
         let backends = Backends::start(3).await.unwrap();
         let uris = backends.uris();
-        let kit = Kit::builder()
-            .targets(uris.clone())
-            .health(HealthConfig::new().mode(ProbeMode::Watch))
-            .build()
-            .unwrap();
-        assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
-        let bare = Endpoint::from_shared(uris[0].clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let list = Channel::balance_list(
-            uris.iter()
-                .map(|u| Endpoint::from_shared(u.clone()).unwrap()),
-        );
+        let (kit, bare, list) = support::kit_bare_and_list(&uris).await;
 
         macro_rules! measure {
             ($name:expr, $client:expr) => {{

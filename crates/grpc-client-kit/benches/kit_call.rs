@@ -14,13 +14,12 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use grpc_client_kit::Kit;
-use grpc_client_kit::health::{HealthConfig, ProbeMode};
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
 use tonic::client::GrpcService;
-use tonic::transport::{Channel, Endpoint};
+
+mod support;
 
 const CALLERS: u64 = 32;
 
@@ -80,24 +79,7 @@ fn calls(c: &mut Criterion) {
     let backends = rt.block_on(Backends::start(3)).unwrap();
     let uris = backends.uris();
 
-    let (kit, bare, list) = rt.block_on(async {
-        let kit = Kit::builder()
-            .targets(uris.clone())
-            .health(HealthConfig::new().mode(ProbeMode::Watch))
-            .build()
-            .unwrap();
-        assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
-        let bare = Endpoint::from_shared(uris[0].clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let list = Channel::balance_list(
-            uris.iter()
-                .map(|u| Endpoint::from_shared(u.clone()).unwrap()),
-        );
-        (kit, bare, list)
-    });
+    let (kit, bare, list) = rt.block_on(support::kit_bare_and_list(&uris));
     let kit_client = TestServiceClient::new(kit.channel());
     let bare_client = TestServiceClient::new(bare);
     let list_client = TestServiceClient::new(list);

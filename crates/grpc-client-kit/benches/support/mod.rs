@@ -130,6 +130,22 @@ pub(crate) fn balance_list(uris: &[String]) -> TestServiceClient<Channel> {
     TestServiceClient::new(Channel::balance_list(uris.iter().map(|u| endpoint(u))))
 }
 
+/// What the per-call benches (`kit_call`, `allocs`) compare over `uris`: the kit (round-robin,
+/// Watch health, every layer) once it is ready, one connected bare `Channel` to the first
+/// backend, and tonic's `Channel::balance_list` (call inside the client runtime: it spawns).
+pub(crate) async fn kit_bare_and_list(uris: &[String]) -> (grpc_client_kit::Kit, Channel, Channel) {
+    use grpc_client_kit::health::{HealthConfig, ProbeMode};
+    let kit = grpc_client_kit::Kit::builder()
+        .targets(uris.iter().cloned())
+        .health(HealthConfig::new().mode(ProbeMode::Watch))
+        .build()
+        .expect("kit");
+    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let bare = endpoint(&uris[0]).connect().await.expect("bare channel");
+    let list = Channel::balance_list(uris.iter().map(|u| endpoint(u)));
+    (kit, bare, list)
+}
+
 /// One bare `Channel` to `uri`, connected lazily.
 pub(crate) fn single_channel(uri: &str) -> TestServiceClient<Channel> {
     TestServiceClient::new(endpoint(uri).connect_lazy())
