@@ -32,6 +32,7 @@ use crate::template::EndpointTemplate;
 /// | [`breaker`](Self::breaker) | open after 5 consecutive failures, for 5 s (growing) |
 /// | [`strategy`](Self::strategy) | round-robin |
 /// | [`wait_for_ready`](Self::wait_for_ready) | `false`: fail at once when nothing is eligible |
+/// | [`transparent_retry`](Self::transparent_retry) | `true`: a call that never left the client goes to another target |
 /// | [`dns`](Self::dns) | re-resolve by TTL, between 1 s and 30 s |
 ///
 /// The breaker always runs in [`WhenOpen::Wait`](crate::breaker::WhenOpen::Wait) mode under the
@@ -46,6 +47,7 @@ pub struct KitBuilder {
     breaker: Option<BreakerConfig>,
     balance: BalanceConfig,
     dns: DnsSettings,
+    transparent_retry: bool,
 }
 
 impl fmt::Debug for KitBuilder {
@@ -58,6 +60,7 @@ impl fmt::Debug for KitBuilder {
             .field("breaker", &self.breaker)
             .field("balance", &self.balance)
             .field("dns", &self.dns)
+            .field("transparent_retry", &self.transparent_retry)
             .finish_non_exhaustive()
     }
 }
@@ -80,6 +83,7 @@ impl KitBuilder {
             breaker: Some(BreakerConfig::default()),
             balance: BalanceConfig::default(),
             dns: DnsSettings::default(),
+            transparent_retry: true,
         }
     }
 
@@ -179,6 +183,20 @@ impl KitBuilder {
     #[must_use]
     pub fn wait_for_ready(mut self, wait: bool) -> Self {
         self.balance.wait_for_ready = wait;
+        self
+    }
+
+    /// Whether a call that provably never left the client — connecting to its target was
+    /// refused, or the target's connection closed before taking the request — is sent once
+    /// more, to another eligible target, instead of failing (gRPC's "transparent retry").
+    /// Default `true`.
+    ///
+    /// A call that may have reached a backend (reset, broken pipe, `GOAWAY` after it was sent,
+    /// any status the backend returned) is never sent again. The cost on every call is keeping
+    /// the request's headers (one clone) until it completes.
+    #[must_use]
+    pub fn transparent_retry(mut self, retry: bool) -> Self {
+        self.transparent_retry = retry;
         self
     }
 
@@ -331,6 +349,7 @@ impl KitBuilder {
                 tasks: Mutex::new(tasks),
                 resolved,
                 dns_name,
+                transparent_retry: self.transparent_retry,
             }),
         })
     }

@@ -98,6 +98,10 @@ pub struct KitConfig {
     /// With `wait_for_ready`: the longest wait.
     #[serde(default, with = "humantime_serde")]
     pub max_wait: Option<Duration>,
+    /// Whether a call that never left the client is sent once more, to another target
+    /// (default `true`; see [`KitBuilder::transparent_retry`]).
+    #[serde(default)]
+    pub transparent_retry: Option<bool>,
     /// Seed of the balancer's random choices (reproducible runs).
     #[serde(default)]
     pub seed: Option<u64>,
@@ -400,6 +404,9 @@ impl KitConfig {
             balance = balance.seed(seed);
         }
         b = b.balance(balance);
+        if let Some(retry) = self.transparent_retry {
+            b = b.transparent_retry(retry);
+        }
         b = b.dns(self.dns.clone());
         Ok(b)
     }

@@ -7,15 +7,17 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use balance_layer::NoHealthyTargets;
+use balance_layer::{Balance, NoHealthyTargets};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tonic::Status;
+use tower_service::Service;
 
 use crate::error::{BoxError, DiscoveryFailed, KitShutDown, TransportError};
-use crate::kit::KitState;
-use crate::stack::{Request, Stack, StackBody};
+use crate::kit::{KitState, Life};
+use crate::retry::Unsent;
+use crate::stack::{KitDiscover, Request, Stack, StackBody};
 
 type Inner = balance_layer::future::ResponseFuture<Arc<str>, Stack, Request>;
 
@@ -28,12 +30,31 @@ pin_project! {
     }
 }
 
+/// What a call keeps for its one transparent retry (see [`retry`](crate::retry)).
+pub(crate) struct Retry {
+    unsent: Unsent,
+    life: Arc<Life>,
+}
+
+impl Retry {
+    pub(crate) fn new(unsent: Unsent, life: Arc<Life>) -> Self {
+        Retry { unsent, life }
+    }
+}
+
 pin_project! {
     #[project = StateProj]
     enum State {
         Called {
             #[pin]
             inner: Inner,
+            notes: Option<Arc<KitState>>,
+            retry: Option<Retry>,
+        },
+        // The first attempt never left the client: choosing a target for the second.
+        Repicking {
+            balance: Balance<KitDiscover, Request>,
+            request: Option<Request>,
             notes: Option<Arc<KitState>>,
         },
         Refused {
@@ -43,9 +64,17 @@ pin_project! {
 }
 
 impl ResponseFuture {
-    pub(crate) fn called(inner: Inner, notes: Option<Arc<KitState>>) -> Self {
+    pub(crate) fn called(
+        inner: Inner,
+        notes: Option<Arc<KitState>>,
+        retry: Option<Retry>,
+    ) -> Self {
         ResponseFuture {
-            state: State::Called { inner, notes },
+            state: State::Called {
+                inner,
+                notes,
+                retry,
+            },
         }
     }
 
@@ -60,6 +89,9 @@ impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.state {
             State::Called { inner, .. } => f.debug_tuple("ResponseFuture").field(inner).finish(),
+            State::Repicking { balance, .. } => {
+                f.debug_tuple("ResponseFuture").field(balance).finish()
+            }
             State::Refused { error } => f.debug_tuple("ResponseFuture").field(error).finish(),
         }
     }
@@ -70,17 +102,60 @@ impl Future for ResponseFuture {
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Called { inner, notes } => {
-                let out = ready!(inner.poll(cx));
-                Poll::Ready(match out {
-                    Ok(response) => Ok(response.map(|inner| ResponseBody { inner })),
-                    Err(e) => Err(map_error(e, notes.as_deref())),
-                })
-            }
-            StateProj::Refused { error } => Poll::Ready(Err(error
-                .take()
-                .expect("ResponseFuture polled after completion"))),
+        let mut state = self.project().state;
+        loop {
+            let next = match state.as_mut().project() {
+                StateProj::Called {
+                    inner,
+                    notes,
+                    retry,
+                } => match ready!(inner.poll(cx)) {
+                    Ok(response) => {
+                        return Poll::Ready(Ok(response.map(|inner| ResponseBody { inner })));
+                    }
+                    Err(e) => {
+                        let again = retry.take().and_then(|r| {
+                            let request = r.unsent.again(&*e)?;
+                            Some((r.life, request))
+                        });
+                        let Some((life, request)) = again else {
+                            return Poll::Ready(Err(map_error(e, notes.as_deref())));
+                        };
+                        tracing::debug!(
+                            error = %e,
+                            "grpc-client-kit: the call never left the client; sending it to another target"
+                        );
+                        #[cfg(feature = "metrics")]
+                        crate::metrics::transparent_retry();
+                        State::Repicking {
+                            balance: life.balance.clone(),
+                            request: Some(request),
+                            notes: notes.take(),
+                        }
+                    }
+                },
+                StateProj::Repicking {
+                    balance,
+                    request,
+                    notes,
+                } => {
+                    if let Err(e) = ready!(balance.poll_ready(cx)) {
+                        return Poll::Ready(Err(map_error(e, notes.as_deref())));
+                    }
+                    let request = request.take().expect("a request to send again");
+                    State::Called {
+                        inner: balance.call(request),
+                        notes: notes.take(),
+                        retry: None,
+                    }
+                }
+                StateProj::Refused { error } => {
+                    return Poll::Ready(Err(error
+                        .take()
+                        .expect("ResponseFuture polled after completion")));
+                }
+            };
+            state.set(next);
         }
     }
 }

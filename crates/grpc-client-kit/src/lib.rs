@@ -148,6 +148,7 @@ kit_items! {
     pub mod error;
     pub mod future;
     mod kit;
+    mod retry;
     mod service;
     mod stack;
     mod template;

@@ -7,6 +7,7 @@
 //! | `grpc_client_kit_quarantines_total` | `target` | quarantines started (renewals not counted) |
 //! | `grpc_client_kit_breaker_transitions_total` | `target`, `to` | breaker transitions (`open`, `half_open`, `closed`, `forced_open`, `disabled`) |
 //! | `grpc_client_kit_health_transitions_total` | `target`, `to` | health verdict changes (`healthy`, `unhealthy`, `unknown`) |
+//! | `grpc_client_kit_transparent_retries_total` | | calls that never left the client, sent again to another target |
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,6 +25,12 @@ const FAILURES: &str = "grpc_client_kit_call_failures_total";
 const QUARANTINES: &str = "grpc_client_kit_quarantines_total";
 const BREAKER: &str = "grpc_client_kit_breaker_transitions_total";
 const HEALTH: &str = "grpc_client_kit_health_transitions_total";
+const RETRIES: &str = "grpc_client_kit_transparent_retries_total";
+
+/// Counts one transparent retry.
+pub(crate) fn transparent_retry() {
+    metrics::counter!(RETRIES).increment(1);
+}
 
 /// Registers the kit's metrics' descriptions; hands out per-target counters.
 #[derive(Clone)]
@@ -39,6 +46,10 @@ impl Default for KitMetrics {
         metrics::describe_counter!(QUARANTINES, "Quarantines started (renewals not counted).");
         metrics::describe_counter!(BREAKER, "Circuit breaker transitions, by new state.");
         metrics::describe_counter!(HEALTH, "Health verdict changes, by new verdict.");
+        metrics::describe_counter!(
+            RETRIES,
+            "Calls that never left the client, sent again to another target."
+        );
         KitMetrics(())
     }
 }

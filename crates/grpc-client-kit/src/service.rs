@@ -8,8 +8,9 @@ use balance_layer::Balance;
 use tower_service::Service;
 
 use crate::error::{BoxError, KitShutDown};
-use crate::future::{ResponseBody, ResponseFuture};
+use crate::future::{ResponseBody, ResponseFuture, Retry};
 use crate::kit::Life;
+use crate::retry::Unsent;
 use crate::stack::{KitDiscover, Request};
 
 /// The kit's channel: give it to a generated client like a tonic `Channel`
@@ -79,6 +80,12 @@ impl Service<Request> for KitChannel {
         // Only while something is amiss (DNS failing, shutting down) does a call carry the
         // kit's state, to explain an error: the common path clones nothing.
         let notes = state.has_notes().then(|| state.clone());
-        ResponseFuture::called(self.balance.call(req), notes)
+        if self.life.transparent_retry {
+            let (req, unsent) = Unsent::split(req);
+            let retry = Retry::new(unsent, self.life.clone());
+            ResponseFuture::called(self.balance.call(req), notes, Some(retry))
+        } else {
+            ResponseFuture::called(self.balance.call(req), notes, None)
+        }
     }
 }

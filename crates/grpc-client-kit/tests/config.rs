@@ -29,6 +29,7 @@ fn the_example_file_reads_and_validates() {
     let config = KitConfig::from_toml(EXAMPLE).unwrap();
     assert_eq!(config.targets.as_ref().unwrap().len(), 3);
     assert_eq!(config.health.timeout, Some(Duration::from_secs(2)));
+    assert_eq!(config.transparent_retry, Some(true));
     // Valid through and through: only the missing runtime stops it.
     assert!(matches!(config.build(), Err(BuildError::NoRuntime)));
 }

@@ -1,0 +1,157 @@
+//! Transparent retry: a call that never left the client (connecting was refused, or the
+//! connection closed before taking it) goes to another target; a call that may have reached a
+//! backend is never sent twice. Real backends on loopback.
+
+mod support;
+
+use std::time::Duration;
+
+use grpc_client_kit::Kit;
+use grpc_client_kit::health::{HealthConfig, ProbeMode};
+use grpc_client_kit::quarantine::QuarantineConfig;
+use support::eventually;
+use test_backends::Backends;
+use test_backends::pb::Ping;
+use test_backends::pb::test_service_client::TestServiceClient;
+use tokio::time::Instant;
+use tonic::Code;
+
+/// Two targets, no health checking: the kit learns that `b1` is gone only from calls.
+fn kit_over(backends: &Backends, retry: bool) -> Kit {
+    Kit::builder()
+        .targets(backends.uris())
+        .without_health()
+        .transparent_retry(retry)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_sends_the_call_to_another_target() {
+    let backends = Backends::start(2).await.unwrap();
+    backends[1].stop().await; // its port refuses connections; the kit does not know yet
+    let kit = kit_over(&backends, true);
+    let mut client = TestServiceClient::new(kit.channel());
+    for i in 0..10 {
+        let reply = client.unary(Ping::default()).await;
+        assert!(reply.is_ok(), "call {i}: {reply:?}");
+    }
+    assert_eq!(backends[0].hits(), 10, "every call was answered by b0");
+    // The refused target is quarantined, not forgotten.
+    let eligible: Vec<String> = kit
+        .eligible_targets()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(eligible, vec![backends.uris()[0].clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_transparent_retry_the_refused_call_fails_naming_its_target() {
+    let backends = Backends::start(2).await.unwrap();
+    backends[1].stop().await;
+    let kit = kit_over(&backends, false);
+    let mut client = TestServiceClient::new(kit.channel());
+    let mut failures = Vec::new();
+    for _ in 0..10 {
+        if let Err(status) = client.unary(Ping::default()).await {
+            failures.push(status);
+        }
+    }
+    // Round-robin sends one of the first two calls to b1; then quarantine keeps it out.
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].code(), Code::Unavailable);
+    let b1 = &backends.uris()[1];
+    assert!(
+        failures[0].message().contains(&format!("{b1}: ")),
+        "{}",
+        failures[0].message()
+    );
+    assert!(
+        failures[0].message().contains("Connection refused"),
+        "{}",
+        failures[0].message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_from_a_backend_is_never_sent_again() {
+    let backends = Backends::start(2).await.unwrap();
+    for b in backends.iter() {
+        b.fail_always(Some(Code::Unavailable));
+    }
+    let kit = kit_over(&backends, true);
+    let mut client = TestServiceClient::new(kit.channel());
+    let status = client.unary(Ping::default()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(backends.total_hits(), 1, "the failed call was sent again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_when_its_backend_dies_is_never_sent_again() {
+    let backends = Backends::start(2).await.unwrap();
+    for b in backends.iter() {
+        b.set_delay(Duration::from_secs(5));
+    }
+    let kit = kit_over(&backends, true);
+    let mut client = TestServiceClient::new(kit.channel());
+    let call = tokio::spawn(async move { client.unary(Ping::default()).await });
+    assert!(eventually(Duration::from_secs(5), || backends.total_hits() == 1).await);
+    let victim = backends.iter().find(|b| b.hits() == 1).unwrap();
+    victim.stop().await; // reset while the call is in flight
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains(&victim.uri()), "{status:?}");
+    assert_eq!(
+        backends.total_hits(),
+        1,
+        "the call that reached b went out twice"
+    );
+}
+
+/// The reaction benchmark's sequential case as a test: with Watch health, a backend stopped
+/// gracefully (`GOAWAY`, port closed at once) costs a caller calling back to back no call —
+/// the one call that meets the closed port is sent to another target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_costs_a_sequential_watch_caller_nothing() {
+    let backends = Backends::start(3).await.unwrap();
+    let kit = Kit::builder()
+        .targets(backends.uris())
+        .health(HealthConfig::new().mode(ProbeMode::Watch))
+        .quarantine(QuarantineConfig::default().duration(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let mut client = TestServiceClient::new(kit.channel());
+    for trial in 0..3 {
+        let victim = &backends[1];
+        let stopper = {
+            let victim = victim.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                victim.stop_graceful(Duration::from_millis(100)).await;
+            })
+        };
+        let before = victim.hits();
+        let end = Instant::now() + Duration::from_millis(400);
+        let mut calls = 0;
+        while Instant::now() < end {
+            let reply = client.unary(Ping::default()).await;
+            assert!(reply.is_ok(), "trial {trial}, call {calls}: {reply:?}");
+            calls += 1;
+        }
+        stopper.await.unwrap();
+        assert!(
+            victim.hits() > before,
+            "trial {trial}: b1 got no call before its stop"
+        );
+        victim.restart().await.unwrap();
+        assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+        assert!(
+            eventually(Duration::from_secs(10), || kit.eligible_targets().len()
+                == 3)
+            .await,
+            "trial {trial}: b1 did not come back"
+        );
+    }
+}
