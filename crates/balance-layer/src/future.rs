@@ -78,12 +78,13 @@ struct Load<K, S> {
 }
 
 impl<K, S> Load<K, S> {
-    fn start(shared: &Arc<Shared<K, S>>, endpoint: Arc<Endpoint<K, S>>) -> Option<Self> {
+    fn start(shared: &Arc<Shared<K, S>>, endpoint: &Arc<Endpoint<K, S>>) -> Option<Self> {
         let kind = shared.settings.kind;
         if !kind.tracks_load() {
             return None;
         }
         endpoint.start_call();
+        let endpoint = Arc::clone(endpoint);
         let timed =
             (kind == crate::shared::Kind::PeakEwma).then(|| (shared.clone(), shared.nanos_now()));
         Some(Load { endpoint, timed })
@@ -121,10 +122,26 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError>,
 {
-    pub(crate) fn called(shared: &Arc<Shared<K, S>>, reserved: Reserved<K, S>, req: Req) -> Self {
-        ResponseFuture {
-            state: Self::call_state(shared, reserved, req),
-        }
+    /// Calls the reserved endpoint's service, and hands the service back (unready, for the
+    /// picker to keep for this endpoint's next turn).
+    pub(crate) fn called(
+        shared: &Arc<Shared<K, S>>,
+        reserved: Reserved<K, S>,
+        req: Req,
+    ) -> (Self, Arc<Endpoint<K, S>>, S) {
+        let Reserved {
+            endpoint,
+            mut service,
+            ..
+        } = reserved;
+        let load = Load::start(shared, &endpoint);
+        let future = ResponseFuture {
+            state: State::Called {
+                future: service.call(req),
+                load,
+            },
+        };
+        (future, endpoint, service)
     }
 
     fn call_state(
@@ -137,7 +154,7 @@ where
             mut service,
             ..
         } = reserved;
-        let load = Load::start(shared, endpoint);
+        let load = Load::start(shared, &endpoint);
         State::Called {
             future: service.call(req),
             load,

@@ -33,6 +33,8 @@ const ATTEMPTS: usize = 4;
 /// atomic increments, no allocation): every clone shares the eligible set and the strategy's state, and each
 /// reserves its own endpoint — `poll_ready` picks one and polls a clone of its service until
 /// it is ready; `call` sends the request there. There is no worker task on the request path.
+/// After a call, that (now unready) clone goes back to the endpoint for a later pick, so
+/// steady traffic does not clone services; an endpoint's spares go when it is removed.
 ///
 /// A background task, spawned when the balancer is built and stopped when the last clone is
 /// dropped, drives discovery and keeps the eligible set in step with every endpoint's
@@ -184,7 +186,11 @@ where
         let taken = self.picker.take();
         let shared = &self.picker.shared;
         match taken {
-            Taken::Endpoint(reserved) => ResponseFuture::called(shared, reserved, req),
+            Taken::Endpoint(reserved) => {
+                let (future, endpoint, service) = ResponseFuture::called(shared, reserved, req);
+                endpoint.give_back(service);
+                future
+            }
             Taken::Nothing if shared.settings.wait_for_ready => {
                 ResponseFuture::waiting(shared.clone(), self.owner.clone(), req)
             }
@@ -266,6 +272,18 @@ impl<K, S> Picker<K, S> {
             waiting: Vec::new(),
             listener: None,
             seen: 0,
+        }
+    }
+
+    /// Reserves `endpoint` (with one of its spare services, or a clone).
+    fn reserve(&self, endpoint: &Arc<Endpoint<K, S>>, ignoring_quarantine: bool) -> Reserved<K, S>
+    where
+        S: Clone,
+    {
+        Reserved {
+            endpoint: endpoint.clone(),
+            service: endpoint.service(),
+            ignoring_quarantine,
         }
     }
 
@@ -397,11 +415,7 @@ impl<K, S> Picker<K, S> {
                     stale = true;
                     continue;
                 }
-                let mut reserved = Reserved {
-                    endpoint: endpoint.clone(),
-                    service: endpoint.service.clone(),
-                    ignoring_quarantine: snap.ignoring_quarantine,
-                };
+                let mut reserved = self.reserve(endpoint, snap.ignoring_quarantine);
                 match reserved.service.poll_ready(cx) {
                     Poll::Ready(Ok(())) => {
                         if stale {

@@ -2,7 +2,7 @@
 //! snapshot), the strategy's counters, and each endpoint's load.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -194,7 +194,16 @@ pub(crate) struct Endpoint<K, S> {
     pub(crate) name: Arc<str>,
     pub(crate) key: K,
     failure: OnceLock<Arc<str>>,
+    /// Clones of `service` that have made a call (so are unready), kept for the next picks of
+    /// this endpoint: a pick takes one instead of cloning the service — for a stack of layers
+    /// over a tonic `Channel`, a dozen reference counts every caller shares. At most
+    /// [`SPARES`]; emptied when the endpoint is removed or fails. Never waited on: a pick
+    /// that finds it busy clones.
+    spares: Mutex<Vec<S>>,
 }
+
+/// The most spare service clones an endpoint keeps (about the calls in flight to it at once).
+const SPARES: usize = 32;
 
 impl<K, S> Endpoint<K, S> {
     pub(crate) fn new(
@@ -217,7 +226,43 @@ impl<K, S> Endpoint<K, S> {
             in_flight: AtomicUsize::new(0),
             rtt_ns: AtomicU64::new(settings.ewma_default_ns.to_bits()),
             rtt_at: AtomicU64::new(now_ns),
+            // Room for a few, made here rather than on a call's path.
+            spares: Mutex::new(Vec::with_capacity(4)),
         }
+    }
+
+    /// A service of this endpoint to reserve: a spare if one is free, else a clone.
+    #[inline]
+    pub(crate) fn service(&self) -> S
+    where
+        S: Clone,
+    {
+        if let Ok(mut spares) = self.spares.try_lock()
+            && let Some(spare) = spares.pop()
+        {
+            return spare;
+        }
+        self.service.clone()
+    }
+
+    /// Takes back a service that has made its call, for a later pick (dropped if the endpoint
+    /// is out, or the spares are full or busy).
+    #[inline]
+    pub(crate) fn give_back(&self, service: S) {
+        if self.state.load(Ordering::Acquire) != LIVE {
+            return;
+        }
+        if let Ok(mut spares) = self.spares.try_lock()
+            && spares.len() < SPARES
+        {
+            spares.push(service);
+        }
+    }
+
+    /// Drops the spares (the endpoint is out of rotation: let its connection go).
+    fn clear_spares(&self) {
+        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(spares);
     }
 
     /// Whether the endpoint may be picked now: still discovered, not failed, and its card
@@ -240,6 +285,7 @@ impl<K, S> Endpoint<K, S> {
 
     pub(crate) fn mark_removed(&self) {
         self.state.store(REMOVED, Ordering::Release);
+        self.clear_spares();
     }
 
     /// Takes the endpoint out after its service failed `poll_ready`. Returns whether this
@@ -249,6 +295,7 @@ impl<K, S> Endpoint<K, S> {
         let _ = self
             .state
             .compare_exchange(LIVE, FAILED, Ordering::AcqRel, Ordering::Acquire);
+        self.clear_spares();
         first
     }
 

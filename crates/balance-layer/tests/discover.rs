@@ -223,3 +223,38 @@ async fn changed_completes_when_the_balancer_takes_in_a_change() {
     let idle = tokio::time::timeout(Duration::from_millis(50), balance.changed()).await;
     assert!(idle.is_err(), "no change, no completion");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_services_are_reused_across_calls_and_let_go_on_removal() {
+    let (tx, discover) = channel::<String, Counted>(8);
+    let mut balance = Balance::new(discover, BalanceConfig::new()).unwrap();
+    let eps: Vec<Counted> = (0..3).map(|i| Counted::carded(&format!("b{i}"))).collect();
+    for e in &eps {
+        tx.send(Change::Insert(e.name.to_string(), e.clone()))
+            .await
+            .unwrap();
+    }
+    settle(|| balance.targets().len() == 3).await;
+    let cloned_before: usize = eps.iter().map(Counted::clones).sum();
+    for _ in 0..300 {
+        call(&mut balance).await.unwrap();
+    }
+    assert_eq!(eps.iter().map(Counted::hits).sum::<usize>(), 300);
+    // The first call's clone is let go (a handle used once keeps nothing); after that, one
+    // clone per endpoint, reused — not one per call.
+    let cloned = eps.iter().map(Counted::clones).sum::<usize>() - cloned_before;
+    assert!(cloned <= 4, "{cloned} clones for 300 calls");
+
+    // b0 is removed: this handle still holds its spare of b0 until its next call.
+    tx.send(Change::Remove("b0".into())).await.unwrap();
+    settle(|| names(balance.targets()) == ["b1", "b2"]).await;
+    call(&mut balance).await.unwrap();
+    assert_eq!(
+        eps[0].alive(),
+        1,
+        "a removed endpoint's service is still held"
+    );
+    drop(balance);
+    // The background task stops with the last handle, and every clone goes with it.
+    settle(|| eps.iter().all(|e| e.alive() == 1)).await;
+}

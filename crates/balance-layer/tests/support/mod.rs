@@ -29,12 +29,26 @@ impl RequestDeadline for Req {
     }
 }
 
-/// An always-ready endpoint that answers its own name at once and counts its calls.
-#[derive(Clone, Debug)]
+/// An always-ready endpoint that answers its own name at once and counts its calls and its
+/// clones.
+#[derive(Debug)]
 pub struct Counted {
     pub name: Arc<str>,
     pub card: Option<EndpointCard>,
     pub hits: Arc<AtomicUsize>,
+    pub clones: Arc<AtomicUsize>,
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        Counted {
+            name: self.name.clone(),
+            card: self.card.clone(),
+            hits: self.hits.clone(),
+            clones: self.clones.clone(),
+        }
+    }
 }
 
 impl Counted {
@@ -43,6 +57,7 @@ impl Counted {
             name: name.into(),
             card: Some(EndpointCard::new(name)),
             hits: Arc::default(),
+            clones: Arc::default(),
         }
     }
 
@@ -51,11 +66,21 @@ impl Counted {
             name: name.into(),
             card: None,
             hits: Arc::default(),
+            clones: Arc::default(),
         }
     }
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn clones(&self) -> usize {
+        self.clones.load(Ordering::SeqCst)
+    }
+
+    /// How many clones of this endpoint are alive (this one included).
+    pub fn alive(&self) -> usize {
+        Arc::strong_count(&self.hits)
     }
 
     pub fn card(&self) -> &EndpointCard {
