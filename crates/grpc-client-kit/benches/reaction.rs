@@ -16,7 +16,9 @@
 //!    until `--observe` (1.5 s) after it. Counted per trial: failed calls, of which started
 //!    before the stop (they were in flight when it came) and after it (new calls the client
 //!    still sent to the dead backend), and the calls in flight to `b1` at the stop (started
-//!    before, ended after, answered by `b1` or failed). Contenders: the kit in Watch mode, the
+//!    before, ended after, answered by `b1` or failed) and — for an abrupt stop, which takes a
+//!    moment to reset every connection — the calls in flight to `b1` at any time during the
+//!    stop (started before it ended, ended after it began). Contenders: the kit in Watch mode, the
 //!    kit in Check mode (`--check-interval`, 1 s), and tonic's `balance_list`. A fresh client
 //!    per trial; `b1` is restarted between trials.
 //!
@@ -324,6 +326,12 @@ struct TrialResult {
     failed_in_flight: u64,
     failed_new: u64,
     in_flight_to_victim: u64,
+    /// Abrupt stops: calls to `b1` (answered or failed) in flight at any moment between the
+    /// start of the stop and its end (every connection reset, the port refusing); graceful
+    /// stops: the same as `in_flight_to_victim`.
+    in_flight_during_stop: u64,
+    /// How long the stop took (abrupt: until every connection was reset).
+    stop_took: Duration,
     /// The first few failures: (ms after the stop the call started, code, message).
     examples: Vec<(f64, Code, String)>,
 }
@@ -360,15 +368,21 @@ async fn stop_trial(
         let grace = s.grace;
         tokio::spawn(async move {
             match kind {
-                StopKind::Graceful => victim.stop_graceful(grace).await,
-                StopKind::Abrupt => victim.stop().await,
+                StopKind::Graceful => {
+                    victim.stop_graceful(grace).await;
+                    stop_at
+                }
+                StopKind::Abrupt => {
+                    victim.stop().await;
+                    Instant::now()
+                }
             }
         })
     };
     tokio::time::sleep(s.observe).await;
     shared.stop.store(true, Ordering::Relaxed);
     join(tasks).await;
-    stopper.await.expect("stopper");
+    let gone_at = stopper.await.expect("stopper");
     if let Some(shutdown) = client.shutdown {
         shutdown.await;
     }
@@ -377,12 +391,16 @@ async fn stop_trial(
     let records = shared.records.as_ref().unwrap().lock().unwrap();
     let mut r = TrialResult {
         calls: records.len() as u64,
+        stop_took: gone_at - stop_at,
         ..TrialResult::default()
     };
     for rec in records.iter() {
-        let in_flight = rec.start < stop_at && rec.end > stop_at;
-        if in_flight && matches!(rec.outcome, Ok(VICTIM) | Err(_)) {
+        let to_victim = matches!(rec.outcome, Ok(VICTIM) | Err(_));
+        if to_victim && rec.start < stop_at && rec.end > stop_at {
             r.in_flight_to_victim += 1;
+        }
+        if to_victim && rec.start < gone_at && rec.end > stop_at {
+            r.in_flight_during_stop += 1;
         }
         if let Err((code, message)) = &rec.outcome {
             r.failed += 1;
@@ -494,6 +512,15 @@ fn main() {
                         .filter(|t| t.failed > t.in_flight_to_victim)
                         .count()
                         .to_string(),
+                    per(|t| t.in_flight_during_stop),
+                    trials
+                        .iter()
+                        .filter(|t| t.failed > t.in_flight_during_stop)
+                        .count()
+                        .to_string(),
+                    fmt_dur(
+                        trials.iter().map(|t| t.stop_took).sum::<Duration>() / trials.len() as u32,
+                    ),
                     format!("{:.0}", sum(|t| t.calls) as f64 / trials.len() as f64),
                 ]);
                 if let Some(t) = trials.iter().find(|t| !t.examples.is_empty()) {
@@ -531,6 +558,9 @@ fn main() {
                 "of which new",
                 "in flight to b1",
                 "trials failed > in flight",
+                "in flight during stop",
+                "trials failed > that",
+                "stop took",
                 "calls",
             ],
             &rows
