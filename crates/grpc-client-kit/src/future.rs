@@ -15,7 +15,7 @@ use tonic::Status;
 use tower_service::Service;
 
 use crate::error::{BoxError, DiscoveryFailed, KitShutDown, TransportError};
-use crate::kit::{KitState, Life};
+use crate::kit::KitState;
 use crate::retry::Unsent;
 use crate::stack::{KitDiscover, Request, Stack, StackBody};
 
@@ -30,18 +30,6 @@ pin_project! {
     }
 }
 
-/// What a call keeps for its one transparent retry (see [`retry`](crate::retry)).
-pub(crate) struct Retry {
-    unsent: Unsent,
-    life: Arc<Life>,
-}
-
-impl Retry {
-    pub(crate) fn new(unsent: Unsent, life: Arc<Life>) -> Self {
-        Retry { unsent, life }
-    }
-}
-
 pin_project! {
     #[project = StateProj]
     enum State {
@@ -49,7 +37,7 @@ pin_project! {
             #[pin]
             inner: Inner,
             notes: Option<Arc<KitState>>,
-            retry: Option<Retry>,
+            retry: Option<Unsent>,
         },
         // The first attempt never left the client: choosing a target for the second.
         Repicking {
@@ -67,7 +55,7 @@ impl ResponseFuture {
     pub(crate) fn called(
         inner: Inner,
         notes: Option<Arc<KitState>>,
-        retry: Option<Retry>,
+        retry: Option<Unsent>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -114,11 +102,8 @@ impl Future for ResponseFuture {
                         return Poll::Ready(Ok(response.map(|inner| ResponseBody { inner })));
                     }
                     Err(e) => {
-                        let again = retry.take().and_then(|r| {
-                            let request = r.unsent.again(&*e)?;
-                            Some((r.life, request))
-                        });
-                        let Some((life, request)) = again else {
+                        let again = retry.take().and_then(|r| r.again(&*e));
+                        let Some((request, shared)) = again else {
                             return Poll::Ready(Err(map_error(e, notes.as_deref())));
                         };
                         tracing::debug!(
@@ -128,7 +113,7 @@ impl Future for ResponseFuture {
                         #[cfg(feature = "metrics")]
                         crate::metrics::transparent_retry();
                         State::Repicking {
-                            balance: life.balance.clone(),
+                            balance: shared.life.balance.clone(),
                             request: Some(request),
                             notes: notes.take(),
                         }

@@ -11,6 +11,10 @@
 //! inside a [`Handoff`]. A handoff that is dropped before anything read it gives the body back;
 //! one that was read never does. A call is retried only when both hold: its error says the
 //! request never reached a connection, and its body came back unread.
+//!
+//! Where the body comes back is a slot of the channel handle's [`Retrier`], reused call after
+//! call while no earlier call of the handle still holds it: the common path allocates only
+//! the header clone and the handoff, and touches no count shared with other callers.
 
 use std::error::Error;
 use std::fmt;
@@ -24,11 +28,40 @@ use http::{Extensions, HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use tonic::Status;
 
-use crate::kit::lock;
+use crate::kit::{Life, lock};
 use crate::stack::Request;
 
-/// Where an unread body comes back.
-type Slot = Arc<Mutex<Option<tonic::body::Body>>>;
+/// What the calls of one channel handle share for their retries: the kit (to choose a target
+/// again) and the slot where an unread body comes back.
+pub(crate) struct Shared {
+    pub(crate) life: Arc<Life>,
+    slot: Mutex<Option<tonic::body::Body>>,
+}
+
+/// A channel handle's retry state: a [`Shared`] reused while no call still holds it.
+#[derive(Default)]
+pub(crate) struct Retrier {
+    shared: Option<Arc<Shared>>,
+}
+
+impl Retrier {
+    /// The shared state for a new call: this handle's, when no earlier call holds it any more
+    /// (its slot emptied), else a fresh one that becomes this handle's.
+    fn shared(&mut self, life: &Arc<Life>) -> Arc<Shared> {
+        if let Some(shared) = &mut self.shared
+            && let Some(mine) = Arc::get_mut(shared)
+        {
+            *mine.slot.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+            return Arc::clone(shared);
+        }
+        let shared = Arc::new(Shared {
+            life: Arc::clone(life),
+            slot: Mutex::new(None),
+        });
+        self.shared = Some(Arc::clone(&shared));
+        shared
+    }
+}
 
 /// What a call keeps to send its request again.
 pub(crate) struct Unsent {
@@ -37,7 +70,7 @@ pub(crate) struct Unsent {
     version: Version,
     headers: HeaderMap,
     extensions: Extensions,
-    slot: Slot,
+    shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Unsent {
@@ -52,21 +85,21 @@ impl fmt::Debug for Unsent {
 impl Unsent {
     /// The request to send down (same head, body in a [`Handoff`]), and what is kept to send
     /// it again.
-    pub(crate) fn split(req: Request) -> (Request, Unsent) {
+    pub(crate) fn split(req: Request, retrier: &mut Retrier, life: &Arc<Life>) -> (Request, Unsent) {
         let (mut parts, body) = req.into_parts();
-        let slot: Slot = Arc::new(Mutex::new(None));
+        let shared = retrier.shared(life);
         let unsent = Unsent {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             version: parts.version,
             headers: parts.headers.clone(),
             extensions: std::mem::take(&mut parts.extensions),
-            slot: Arc::clone(&slot),
+            shared: Arc::clone(&shared),
         };
         let handoff = Handoff {
             inner: Some(body),
             read: false,
-            slot,
+            shared,
         };
         (
             http::Request::from_parts(parts, tonic::body::Body::new(handoff)),
@@ -74,20 +107,20 @@ impl Unsent {
         )
     }
 
-    /// The request again, if `error` says it never reached a connection and its body came
-    /// back unread.
-    pub(crate) fn again(self, error: &(dyn Error + 'static)) -> Option<Request> {
+    /// The request again (and the kit, to choose its target), if `error` says it never
+    /// reached a connection and its body came back unread.
+    pub(crate) fn again(self, error: &(dyn Error + 'static)) -> Option<(Request, Arc<Shared>)> {
         if !never_sent(error) {
             return None;
         }
-        let body = lock(&self.slot).take()?;
+        let body = lock(&self.shared.slot).take()?;
         let mut req = http::Request::new(body);
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers;
         *req.extensions_mut() = self.extensions;
-        Some(req)
+        Some((req, self.shared))
     }
 }
 
@@ -122,7 +155,7 @@ pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
 pub(crate) struct Handoff {
     inner: Option<tonic::body::Body>,
     read: bool,
-    slot: Slot,
+    shared: Arc<Shared>,
 }
 
 impl Drop for Handoff {
@@ -130,7 +163,7 @@ impl Drop for Handoff {
         if !self.read
             && let Some(body) = self.inner.take()
         {
-            *lock(&self.slot) = Some(body);
+            *lock(&self.shared.slot) = Some(body);
         }
     }
 }
@@ -188,12 +221,23 @@ mod tests {
         io::Error::from(io::ErrorKind::ConnectionRefused)
     }
 
+    /// A kit (never called) to retry with.
+    fn life() -> Arc<Life> {
+        let kit = crate::Kit::builder()
+            .target("http://127.0.0.1:1")
+            .without_health()
+            .build()
+            .unwrap();
+        Arc::clone(&kit.life)
+    }
+
     #[tokio::test]
     async fn an_unread_body_comes_back_with_the_whole_request() {
-        let (sent, unsent) = Unsent::split(request("hello"));
+        let (life, mut retrier) = (life(), Retrier::default());
+        let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
         assert!(sent.extensions().get::<u32>().is_none(), "extensions stay above");
         drop(sent); // as tonic's channel does when connecting fails
-        let again = unsent.again(&refused()).expect("retryable");
+        let (again, _) = unsent.again(&refused()).expect("retryable");
         assert_eq!(again.method(), Method::POST);
         assert_eq!(again.uri(), "http://example/test.TestService/Unary");
         assert_eq!(again.headers()["te"], "trailers");
@@ -204,18 +248,43 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_once_read_never_comes_back() {
-        let (sent, unsent) = Unsent::split(request("hello"));
+        let (life, mut retrier) = (life(), Retrier::default());
+        let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
         let mut body = sent.into_body();
         let _ = body.frame().await;
         drop(body);
         assert!(unsent.again(&refused()).is_none());
     }
 
-    #[test]
-    fn a_body_not_yet_dropped_is_not_retried() {
-        let (sent, unsent) = Unsent::split(request("hello"));
+    #[tokio::test]
+    async fn a_body_not_yet_dropped_is_not_retried() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
         assert!(unsent.again(&refused()).is_none());
         drop(sent);
+    }
+
+    #[tokio::test]
+    async fn a_handle_reuses_its_slot_only_when_no_call_holds_it() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        let (sent, first) = Unsent::split(request("a"), &mut retrier, &life);
+        // The first call is still going: the second gets a slot of its own.
+        let (sent2, second) = Unsent::split(request("b"), &mut retrier, &life);
+        assert!(!Arc::ptr_eq(&first.shared, &second.shared));
+        drop(sent);
+        let (again, _) = first.again(&refused()).expect("the first call's own body");
+        assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "a");
+        // The second call ended with its body given back unread but never taken: the next call
+        // reuses the slot, emptied — it never sees another call's body.
+        drop(sent2);
+        let kept = Arc::as_ptr(&second.shared);
+        drop(second);
+        let (sent3, third) = Unsent::split(request("c"), &mut retrier, &life);
+        assert_eq!(kept, Arc::as_ptr(&third.shared), "the free slot is reused");
+        assert!(lock(&third.shared.slot).is_none());
+        drop(sent3);
+        let (again, _) = third.again(&refused()).expect("the third call's own body");
+        assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "c");
     }
 
     #[test]

@@ -8,9 +8,9 @@ use balance_layer::Balance;
 use tower_service::Service;
 
 use crate::error::{BoxError, KitShutDown};
-use crate::future::{ResponseBody, ResponseFuture, Retry};
+use crate::future::{ResponseBody, ResponseFuture};
 use crate::kit::Life;
-use crate::retry::Unsent;
+use crate::retry::{Retrier, Unsent};
 use crate::stack::{KitDiscover, Request};
 
 /// The kit's channel: give it to a generated client like a tonic `Channel`
@@ -28,6 +28,8 @@ pub struct KitChannel {
     life: Arc<Life>,
     /// `poll_ready` saw the kit shut down: `call` refuses without touching the balancer.
     refuse: bool,
+    /// What this handle's calls keep for a transparent retry.
+    retrier: Retrier,
 }
 
 impl KitChannel {
@@ -36,6 +38,7 @@ impl KitChannel {
             balance: life.balance.clone(),
             life,
             refuse: false,
+            retrier: Retrier::default(),
         }
     }
 }
@@ -81,9 +84,8 @@ impl Service<Request> for KitChannel {
         // kit's state, to explain an error: the common path clones nothing.
         let notes = state.has_notes().then(|| state.clone());
         if self.life.transparent_retry {
-            let (req, unsent) = Unsent::split(req);
-            let retry = Retry::new(unsent, self.life.clone());
-            ResponseFuture::called(self.balance.call(req), notes, Some(retry))
+            let (req, unsent) = Unsent::split(req, &mut self.retrier, &self.life);
+            ResponseFuture::called(self.balance.call(req), notes, Some(unsent))
         } else {
             ResponseFuture::called(self.balance.call(req), notes, None)
         }
