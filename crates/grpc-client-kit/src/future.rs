@@ -112,10 +112,12 @@ impl Future for ResponseFuture {
                         );
                         #[cfg(feature = "metrics")]
                         crate::metrics::transparent_retry();
+                        // A rare path: carry the kit's state whatever it was at the call, so
+                        // that a retry meeting a shut-down kit or a failing DNS name says so.
                         State::Repicking {
                             balance: shared.life.balance.clone(),
                             request: Some(request),
-                            notes: notes.take(),
+                            notes: Some(shared.life.state.clone()),
                         }
                     }
                 },

@@ -125,11 +125,14 @@ impl Unsent {
 }
 
 /// Whether `error` proves that the request never reached a connection: connecting to the
-/// target was refused (or the target was unreachable), or the connection closed before taking
-/// the request from its queue (hyper's "operation was canceled").
+/// target was refused (or there was no route to it, or no local address), or the connection
+/// closed before taking the request from its queue (hyper's "operation was canceled").
 ///
-/// A reset, a broken pipe or a `GOAWAY` after the request went out are not: the backend may
-/// have acted on the call.
+/// These all come at once, so the retry still has the caller's time budget (its
+/// `grpc-timeout` header is sent again unchanged). A connect timeout, or a host found
+/// unreachable only after address resolution timed out, may take seconds and is not retried.
+/// A reset, a broken pipe or a `GOAWAY` after the request went out are not either: the
+/// backend may have acted on the call.
 pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
     let mut cur = Some(error);
     while let Some(e) = cur {
@@ -137,7 +140,6 @@ pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
             return matches!(
                 io.kind(),
                 io::ErrorKind::ConnectionRefused
-                    | io::ErrorKind::HostUnreachable
                     | io::ErrorKind::NetworkUnreachable
                     | io::ErrorKind::AddrNotAvailable
             );
@@ -303,8 +305,8 @@ mod tests {
         }
         for kind in [
             io::ErrorKind::ConnectionRefused,
-            io::ErrorKind::HostUnreachable,
             io::ErrorKind::NetworkUnreachable,
+            io::ErrorKind::AddrNotAvailable,
         ] {
             assert!(never_sent(&Wrap(Box::new(io::Error::from(kind)))), "{kind:?}");
         }
@@ -312,6 +314,7 @@ mod tests {
             io::ErrorKind::ConnectionReset,
             io::ErrorKind::BrokenPipe,
             io::ErrorKind::TimedOut,
+            io::ErrorKind::HostUnreachable,
             io::ErrorKind::UnexpectedEof,
         ] {
             assert!(!never_sent(&Wrap(Box::new(io::Error::from(kind)))), "{kind:?}");

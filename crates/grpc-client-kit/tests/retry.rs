@@ -155,3 +155,28 @@ async fn a_graceful_stop_costs_a_sequential_watch_caller_nothing() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_sent_again_once_at_most() {
+    let backends = Backends::start(3).await.unwrap();
+    for b in backends.iter() {
+        b.stop().await; // every port refuses
+    }
+    let kit = kit_over(&backends, true);
+    let mut client = TestServiceClient::new(kit.channel());
+    let status = client.unary(Ping::default()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("Connection refused"),
+        "{}",
+        status.message()
+    );
+    // The first target and the one the retry chose are quarantined; the third was never tried
+    // (had it been, all three would be quarantined, and the balancer would ignore quarantine
+    // and list them all).
+    assert!(
+        eventually(Duration::from_secs(5), || kit.eligible_targets().len() == 1).await,
+        "{:?}",
+        kit.eligible_targets()
+    );
+}
