@@ -249,11 +249,12 @@ impl<K, S> Endpoint<K, S> {
     /// is out, or the spares are full or busy).
     #[inline]
     pub(crate) fn give_back(&self, service: S) {
-        if self.state.load(Ordering::Acquire) != LIVE {
-            return;
-        }
+        // The state is read under the lock: `mark_removed` and `mark_failed` change it before
+        // they take the lock to empty the spares, so a spare given back is either seen by
+        // that emptying or not kept at all.
         if let Ok(mut spares) = self.spares.try_lock()
             && spares.len() < SPARES
+            && self.state.load(Ordering::Acquire) == LIVE
         {
             spares.push(service);
         }
