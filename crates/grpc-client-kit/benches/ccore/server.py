@@ -1,4 +1,4 @@
-"""A gRPC test server for stop_reaction.py (grpcio): answers /gck.test.v1.TestService/Unary with its
+"""A grpcio test server for stop_reaction.py (its `grpcio` backends): answers /gck.test.v1.TestService/Unary with its
 request, and grpc.health.v1 with SERVING. Binds 127.0.0.1 on any port, prints "ready <port>".
 SIGTERM stops it gracefully (server.stop with a 0.5 s grace); SIGKILL is the abrupt stop."""
 
