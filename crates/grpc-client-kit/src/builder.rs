@@ -32,7 +32,7 @@ use crate::template::EndpointTemplate;
 /// | [`breaker`](Self::breaker) | open after 5 consecutive failures, for 5 s (growing) |
 /// | [`strategy`](Self::strategy) | round-robin |
 /// | [`wait_for_ready`](Self::wait_for_ready) | `false`: fail at once when nothing is eligible |
-/// | [`transparent_retry`](Self::transparent_retry) | `true`: a call that never left the client goes to another target |
+/// | [`transparent_retry`](Self::transparent_retry) | `true`: a call no backend acted on goes to another target |
 /// | [`dns`](Self::dns) | re-resolve by TTL, between 1 s and 30 s |
 ///
 /// The breaker always runs in [`WhenOpen::Wait`](crate::breaker::WhenOpen::Wait) mode under the
@@ -186,14 +186,16 @@ impl KitBuilder {
         self
     }
 
-    /// Whether a call that provably never left the client — connecting to its target was
-    /// refused, or the target's connection closed before taking the request — is sent once
-    /// more, to another eligible target, instead of failing (gRPC's "transparent retry").
+    /// Whether a call the backend provably did not act on — connecting to its target was
+    /// refused, the target's connection closed before taking the request, or the backend
+    /// refused its stream (`GOAWAY` naming an earlier last stream, `REFUSED_STREAM`) — is sent
+    /// once more, to another eligible target, instead of failing (gRPC's "transparent retry").
     /// Default `true`.
     ///
-    /// A call that may have reached a backend (reset, broken pipe, `GOAWAY` after it was sent,
-    /// any status the backend returned) is never sent again. The cost on every call is keeping
-    /// the request's headers (one clone) until it completes.
+    /// A call the backend may have acted on (reset, broken pipe, any status it returned) is
+    /// never sent again; nor is one whose request body was longer than 64 KiB once sent. The
+    /// cost on every call is keeping the request's headers (one clone) and its body's frames
+    /// (shared, not copied) until it completes.
     #[must_use]
     pub fn transparent_retry(mut self, retry: bool) -> Self {
         self.transparent_retry = retry;

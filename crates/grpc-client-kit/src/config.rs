@@ -98,7 +98,7 @@ pub struct KitConfig {
     /// With `wait_for_ready`: the longest wait.
     #[serde(default, with = "humantime_serde")]
     pub max_wait: Option<Duration>,
-    /// Whether a call that never left the client is sent once more, to another target
+    /// Whether a call no backend acted on is sent once more, to another target
     /// (default `true`; see [`KitBuilder::transparent_retry`]).
     #[serde(default)]
     pub transparent_retry: Option<bool>,

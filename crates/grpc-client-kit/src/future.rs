@@ -39,7 +39,8 @@ pin_project! {
             notes: Option<Arc<KitState>>,
             retry: Option<Unsent>,
         },
-        // The first attempt never left the client: choosing a target for the second.
+        // The first attempt reached no backend (or one that refused it): choosing a target for
+        // the second.
         Repicking {
             balance: Balance<KitDiscover, Request>,
             request: Option<Request>,
@@ -108,7 +109,7 @@ impl Future for ResponseFuture {
                         };
                         tracing::debug!(
                             error = %e,
-                            "grpc-client-kit: the call never left the client; sending it to another target"
+                            "grpc-client-kit: no backend acted on the call; sending it to another target"
                         );
                         #[cfg(feature = "metrics")]
                         crate::metrics::transparent_retry();

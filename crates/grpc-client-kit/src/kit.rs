@@ -207,7 +207,7 @@ pub(crate) struct Life {
     /// `Some` for a DNS target: becomes `true` after the first successful resolution.
     pub(crate) resolved: Option<watch::Receiver<bool>>,
     pub(crate) dns_name: Option<Arc<str>>,
-    /// Whether a call that never left the client is sent again to another target.
+    /// Whether a call no backend acted on is sent again to another target.
     pub(crate) transparent_retry: bool,
 }
 

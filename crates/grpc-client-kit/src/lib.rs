@@ -27,11 +27,12 @@
 //! * **Errors are gRPC statuses** naming the target(s) and why, never `UNKNOWN` (see
 //!   [`error`]): `UNAVAILABLE` when no target is eligible (each listed: unhealthy, breaker open,
 //!   quarantined ...), when the DNS name cannot be resolved, on a transport error.
-//! * **Transparent retry.** A call that provably never left the client — connecting to its
-//!   target was refused (a backend that stopped, or closed its port after `GOAWAY`), or the
-//!   connection closed before taking the request — is sent once more, to another eligible
-//!   target, as gRPC's own clients do ([`KitBuilder::transparent_retry`]). A call that may
-//!   have reached a backend is never sent twice.
+//! * **Transparent retry.** A call the backend provably did not act on — connecting to its
+//!   target was refused (a backend that stopped, or closed its port after `GOAWAY`), the
+//!   connection closed before taking the request, or the backend refused the stream — is sent
+//!   once more, to another eligible target, as gRPC's own clients do
+//!   ([`KitBuilder::transparent_retry`]). A call a backend may have acted on is never sent
+//!   twice.
 //! * **Lifetime.** [`KitBuilder::build`] starts the health checker, the balancer's task and the
 //!   DNS task; [`Kit::shutdown`] stops them, as does dropping the last handle (every [`Kit`]
 //!   and [`KitChannel`] clone is one). [`Kit::wait_until_ready`] waits for first verdicts.

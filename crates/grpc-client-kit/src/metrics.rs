@@ -7,7 +7,7 @@
 //! | `grpc_client_kit_quarantines_total` | `target` | quarantines started (renewals not counted) |
 //! | `grpc_client_kit_breaker_transitions_total` | `target`, `to` | breaker transitions (`open`, `half_open`, `closed`, `forced_open`, `disabled`) |
 //! | `grpc_client_kit_health_transitions_total` | `target`, `to` | health verdict changes (`healthy`, `unhealthy`, `unknown`) |
-//! | `grpc_client_kit_transparent_retries_total` | | calls that never left the client, sent again to another target |
+//! | `grpc_client_kit_transparent_retries_total` | | calls no backend acted on (never sent, or refused), sent again to another target |
 
 use std::fmt;
 use std::sync::Arc;
@@ -48,7 +48,7 @@ impl Default for KitMetrics {
         metrics::describe_counter!(HEALTH, "Health verdict changes, by new verdict.");
         metrics::describe_counter!(
             RETRIES,
-            "Calls that never left the client, sent again to another target."
+            "Calls no backend acted on (never sent, or refused), sent again to another target."
         );
         KitMetrics(())
     }

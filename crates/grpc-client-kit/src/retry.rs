@@ -1,16 +1,19 @@
-//! Transparent retry of calls that never left the client.
+//! Transparent retry of calls no backend acted on.
 //!
-//! A call can fail before any byte of it reached a backend: the target's connection was gone
-//! (the backend stopped, or sent `GOAWAY` and closed its port) and reconnecting was refused, or
-//! the request was queued on a connection that closed before taking it. gRPC's own clients retry
-//! such calls on another backend without telling the caller ("transparent retry"); so does the
-//! kit, once per call.
+//! A call can fail before a backend acted on it: the target's connection was gone (the backend
+//! stopped, or sent `GOAWAY` and closed its port) and reconnecting was refused; the request was
+//! queued on a connection that closed before taking it; or the backend's `GOAWAY` said it never
+//! processed the call's stream (HTTP/2 lets a client retry those). gRPC's own clients retry such
+//! calls on another backend without telling the caller ("transparent retry"); so does the kit,
+//! once per call.
 //!
 //! To have the request again, [`Unsent::split`] keeps the request's head (its headers cloned,
 //! its extensions moved: nothing below the kit's channel reads them) and sends the body down
-//! inside a [`Handoff`]. A handoff that is dropped before anything read it gives the body back;
-//! one that was read never does. A call is retried only when both hold: its error says the
-//! request never reached a connection, and its body came back unread.
+//! inside a [`Handoff`], which keeps what it passes on (the data frames, shared, not copied; up
+//! to [`REPLAY_LIMIT`] bytes) and, when dropped, gives back the body: unread, or as what was
+//! read plus what was not. (A backend that refuses a stream with `REFUSED_STREAM` did not
+//! process it either; those are retried too.) A call is retried only when both hold: its error proves the backend
+//! did not act on it, and its body came back.
 //!
 //! Where the body comes back is a slot of the channel handle's [`Retrier`], reused call after
 //! call while no earlier call of the handle still holds it: the common path allocates only
@@ -31,11 +34,38 @@ use tonic::Status;
 use crate::kit::{Life, lock};
 use crate::stack::Request;
 
+/// The most request body bytes a call keeps to send again; a longer body is not retried once
+/// read.
+pub(crate) const REPLAY_LIMIT: usize = 64 * 1024;
+
 /// What the calls of one channel handle share for their retries: the kit (to choose a target
-/// again) and the slot where an unread body comes back.
+/// again) and the slot where a body comes back.
 pub(crate) struct Shared {
     pub(crate) life: Arc<Life>,
-    slot: Mutex<Option<tonic::body::Body>>,
+    slot: Mutex<Option<Returned>>,
+}
+
+/// A request body given back by its [`Handoff`].
+enum Returned {
+    /// Never read: the body itself.
+    Unread(tonic::body::Body),
+    /// Read (some or all of it): the data frames read, and the rest if it did not end.
+    Read {
+        frames: Kept,
+        rest: Option<tonic::body::Body>,
+    },
+}
+
+impl Returned {
+    fn into_body(self) -> tonic::body::Body {
+        match self {
+            Returned::Unread(body) => body,
+            Returned::Read { frames, rest } => {
+                let frames = frames.first.into_iter().chain(frames.more).collect();
+                tonic::body::Body::new(Replay { frames, rest })
+            }
+        }
+    }
 }
 
 /// A channel handle's retry state: a [`Shared`] reused while no call still holds it.
@@ -99,6 +129,8 @@ impl Unsent {
         let handoff = Handoff {
             inner: Some(body),
             read: false,
+            ended: false,
+            kept: Kept::default(),
             shared,
         };
         (
@@ -107,13 +139,13 @@ impl Unsent {
         )
     }
 
-    /// The request again (and the kit, to choose its target), if `error` says it never
-    /// reached a connection and its body came back unread.
+    /// The request again (and the kit, to choose its target), if `error` proves the backend
+    /// did not act on it and its body came back.
     pub(crate) fn again(self, error: &(dyn Error + 'static)) -> Option<(Request, Arc<Shared>)> {
-        if !never_sent(error) {
+        if !never_sent(error) && !refused_by_server(error) {
             return None;
         }
-        let body = lock(&self.shared.slot).take()?;
+        let body = lock(&self.shared.slot).take()?.into_body();
         let mut req = http::Request::new(body);
         *req.method_mut() = self.method;
         *req.uri_mut() = self.uri;
@@ -131,8 +163,8 @@ impl Unsent {
 /// These all come at once, so the retry still has the caller's time budget (its
 /// `grpc-timeout` header is sent again unchanged). A connect timeout, or a host found
 /// unreachable only after address resolution timed out, may take seconds and is not retried.
-/// A reset, a broken pipe or a `GOAWAY` after the request went out are not either: the
-/// backend may have acted on the call.
+/// A reset or a broken pipe after the request went out are not either: the backend may have
+/// acted on the call (a stream the backend refused is [`refused_by_server`]).
 pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
     let mut cur = Some(error);
     while let Some(e) = cur {
@@ -152,21 +184,88 @@ pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
     false
 }
 
-/// The request body as sent down: passes the body through, and gives it back when dropped
-/// unread.
+/// Whether `error` is the backend refusing the call's stream, which HTTP/2 defines as "not
+/// processed, safe to retry": its `GOAWAY` named a last stream below this one (or arrived
+/// before this one was opened), or it reset the stream with `REFUSED_STREAM`. h2 reports
+/// exactly these as a remote `GOAWAY` error or a remote `REFUSED_STREAM` reset on the stream;
+/// a stream the server took that then breaks reports another reset or a broken pipe.
+pub(crate) fn refused_by_server(error: &(dyn Error + 'static)) -> bool {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_remote()
+                && (h2.is_go_away()
+                    || (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM)));
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// The data frames a [`Handoff`] passed on, while they fit in [`REPLAY_LIMIT`]: shared with
+/// the frames sent (a reference count each, no copy); the first one (a unary call's only one)
+/// kept without an allocation.
+#[derive(Default)]
+struct Kept {
+    first: Option<Bytes>,
+    more: Vec<Bytes>,
+    len: usize,
+    /// Gave up: too long, trailers, or an error.
+    spoiled: bool,
+}
+
+impl Kept {
+    fn keep(&mut self, frame: &Frame<Bytes>) {
+        if self.spoiled {
+            return;
+        }
+        match frame.data_ref() {
+            Some(data) if self.len + data.len() <= REPLAY_LIMIT => {
+                self.len += data.len();
+                if self.first.is_none() {
+                    self.first = Some(data.clone());
+                } else {
+                    self.more.push(data.clone());
+                }
+            }
+            _ => self.spoil(),
+        }
+    }
+
+    fn spoil(&mut self) {
+        *self = Kept {
+            spoiled: true,
+            ..Kept::default()
+        };
+    }
+}
+
+/// The request body as sent down: passes the body through, keeping what it passes on, and
+/// gives the body back when dropped (see the [module docs](self)).
 pub(crate) struct Handoff {
     inner: Option<tonic::body::Body>,
     read: bool,
+    ended: bool,
+    kept: Kept,
     shared: Arc<Shared>,
 }
 
 impl Drop for Handoff {
     fn drop(&mut self) {
-        if !self.read
-            && let Some(body) = self.inner.take()
-        {
-            *lock(&self.shared.slot) = Some(body);
-        }
+        let returned = if !self.read {
+            match self.inner.take() {
+                Some(body) => Returned::Unread(body),
+                None => return,
+            }
+        } else if self.kept.spoiled {
+            return;
+        } else {
+            Returned::Read {
+                frames: std::mem::take(&mut self.kept),
+                rest: if self.ended { None } else { self.inner.take() },
+            }
+        };
+        *lock(&self.shared.slot) = Some(returned);
     }
 }
 
@@ -181,10 +280,17 @@ impl Body for Handoff {
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = &mut *self;
         this.read = true;
-        match &mut this.inner {
-            Some(body) => Pin::new(body).poll_frame(cx),
-            None => Poll::Ready(None),
+        let Some(body) = &mut this.inner else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => this.kept.keep(frame),
+            Poll::Ready(Some(Err(_))) => this.kept.spoil(),
+            Poll::Ready(None) => this.ended = true,
+            Poll::Pending => {}
         }
+        polled
     }
 
     #[inline]
@@ -197,6 +303,35 @@ impl Body for Handoff {
         self.inner
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+/// A body sent again: the frames the first attempt read, then the rest of the original.
+struct Replay {
+    frames: std::collections::VecDeque<Bytes>,
+    rest: Option<tonic::body::Body>,
+}
+
+impl Body for Replay {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if let Some(data) = this.frames.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        match &mut this.rest {
+            Some(rest) => Pin::new(rest).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 }
 
@@ -248,13 +383,49 @@ mod tests {
         assert_eq!(bytes, "hello");
     }
 
+    /// A body of several data frames.
+    fn streaming(chunks: &[&'static str]) -> tonic::body::Body {
+        let frames: Vec<Result<Frame<Bytes>, Status>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c.as_bytes()))))
+            .collect();
+        tonic::body::Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames,
+        )))
+    }
+
     #[tokio::test]
-    async fn a_body_once_read_never_comes_back() {
+    async fn a_body_read_in_part_comes_back_as_what_was_read_then_the_rest() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        let mut req = request("");
+        *req.body_mut() = streaming(&["ab", "cd", "ef"]);
+        let (sent, unsent) = Unsent::split(req, &mut retrier, &life);
+        let mut body = sent.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "ab");
+        drop(body); // the stream was refused after its first frame went out
+        let (again, _) = unsent.again(&refused()).expect("retryable");
+        let bytes = again.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "abcdef");
+    }
+
+    #[tokio::test]
+    async fn a_body_read_whole_comes_back_whole() {
         let (life, mut retrier) = (life(), Retrier::default());
         let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
-        let mut body = sent.into_body();
-        let _ = body.frame().await;
-        drop(body);
+        let bytes = sent.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "hello");
+        let (again, _) = unsent.again(&refused()).expect("retryable");
+        let bytes = again.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "hello");
+    }
+
+    #[tokio::test]
+    async fn a_body_too_long_to_keep_is_not_sent_again_once_read() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        let big: &'static str = Box::leak("x".repeat(REPLAY_LIMIT + 1).into_boxed_str());
+        let (sent, unsent) = Unsent::split(request(big), &mut retrier, &life);
+        let _ = sent.into_body().collect().await.unwrap();
         assert!(unsent.again(&refused()).is_none());
     }
 
@@ -320,6 +491,10 @@ mod tests {
             assert!(!never_sent(&Wrap(Box::new(io::Error::from(kind)))), "{kind:?}");
         }
         assert!(!never_sent(&Status::unavailable("backend said so")));
+        // Resets the server sent: only REFUSED_STREAM says it did not process the stream (and
+        // h2 makes no remote GOAWAY error outside a connection; tests/retry.rs has one).
+        assert!(!refused_by_server(&h2::Error::from(h2::Reason::CANCEL)));
+        assert!(!refused_by_server(&io::Error::from(io::ErrorKind::ConnectionReset)));
         // The kit's transport errors carry a status whose source is the cause.
         let mut status = Status::unavailable("b0: transport error");
         status.set_source(Arc::new(io::Error::from(io::ErrorKind::ConnectionRefused)));

@@ -4,6 +4,9 @@
 
 mod support;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use grpc_client_kit::Kit;
@@ -13,6 +16,8 @@ use support::eventually;
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tonic::Code;
 
@@ -179,4 +184,124 @@ async fn a_call_is_sent_again_once_at_most() {
         "{:?}",
         kit.eligible_targets()
     );
+}
+
+/// How [`refusing_server`] turns every stream away.
+#[derive(Clone, Copy, Debug)]
+enum Refuse {
+    /// `GOAWAY` naming stream 0 as the last processed: every stream is above it.
+    GoAway,
+    /// `RST_STREAM` with `REFUSED_STREAM`.
+    Reset,
+}
+
+/// A bare HTTP/2 server that refuses every stream it is sent, in a way HTTP/2 defines as "not
+/// processed": what a backend does while it shuts down or is overloaded. Counts the streams.
+async fn refusing_server(how: Refuse) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(AtomicUsize::new(0));
+    let counted = streams.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(refuse_on(sock, how, counted.clone()));
+        }
+    });
+    (addr, streams)
+}
+
+async fn refuse_on(mut sock: TcpStream, how: Refuse, streams: Arc<AtomicUsize>) {
+    let mut preface = [0u8; 24];
+    if sock.read_exact(&mut preface).await.is_err() {
+        return;
+    }
+    // Our SETTINGS (none changed).
+    let _ = sock.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await;
+    loop {
+        let mut head = [0u8; 9];
+        if sock.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let (kind, flags) = (head[3], head[4]);
+        let stream = [head[5] & 0x7f, head[6], head[7], head[8]];
+        let mut payload = vec![0u8; len];
+        if sock.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        let reply: Vec<u8> = match kind {
+            // SETTINGS, not an ack: acknowledge.
+            0x4 if flags & 0x1 == 0 => vec![0, 0, 0, 0x4, 0x1, 0, 0, 0, 0],
+            // PING: answer.
+            0x6 if flags & 0x1 == 0 => [&[0, 0, 8, 0x6, 0x1, 0, 0, 0, 0][..], &payload].concat(),
+            // HEADERS: a new stream, refused.
+            0x1 => {
+                streams.fetch_add(1, Ordering::SeqCst);
+                match how {
+                    Refuse::GoAway => vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    Refuse::Reset => [
+                        &[0, 0, 4, 0x3, 0][..],
+                        &stream,
+                        &[0, 0, 0, 0x7], // REFUSED_STREAM
+                    ]
+                    .concat(),
+                }
+            }
+            _ => continue,
+        };
+        if sock.write_all(&reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn refused_streams_go_to_another_target(how: Refuse) {
+    let backends = Backends::start(1).await.unwrap();
+    let (addr, refused) = refusing_server(how).await;
+    let targets = vec![format!("http://{addr}"), backends.uris()[0].clone()];
+    for retry in [true, false] {
+        backends[0].reset_counters();
+        refused.store(0, Ordering::SeqCst);
+        let kit = Kit::builder()
+            .targets(targets.clone())
+            .without_health()
+            .transparent_retry(retry)
+            .build()
+            .unwrap();
+        let mut client = TestServiceClient::new(kit.channel());
+        let mut failures = Vec::new();
+        for _ in 0..4 {
+            if let Err(status) = client.unary(Ping::default()).await {
+                failures.push(status);
+            }
+        }
+        assert_eq!(
+            refused.load(Ordering::SeqCst),
+            1,
+            "{how:?}: streams sent to the refusing server"
+        );
+        if retry {
+            assert!(failures.is_empty(), "{how:?}: {failures:?}");
+            assert_eq!(backends[0].hits(), 4, "{how:?}");
+        } else {
+            assert_eq!(failures.len(), 1, "{how:?}: {failures:?}");
+            assert_eq!(failures[0].code(), Code::Unavailable, "{how:?}");
+            assert!(
+                failures[0].message().contains(&targets[0]),
+                "{:?}",
+                failures[0]
+            );
+            assert_eq!(backends[0].hits(), 3, "{how:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_above_the_servers_goaway_goes_to_another_target() {
+    refused_streams_go_to_another_target(Refuse::GoAway).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_goes_to_another_target() {
+    refused_streams_go_to_another_target(Refuse::Reset).await;
 }
