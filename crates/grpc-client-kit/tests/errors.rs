@@ -7,27 +7,17 @@ use std::time::Duration;
 
 use grpc_client_kit::Kit;
 use grpc_client_kit::breaker::BreakerConfig;
-use grpc_client_kit::health::{HealthConfig, ProbeMode};
-use support::eventually;
+use support::{eventually, ready_watch_kit, watch};
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
 use tonic::Code;
 use tonic::transport::Endpoint;
 
-fn watch() -> HealthConfig {
-    HealthConfig::new().mode(ProbeMode::Watch)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_healthy_target_is_unavailable_naming_every_target_and_why() {
     let backends = Backends::start(3).await.unwrap();
-    let kit = Kit::builder()
-        .targets(backends.uris())
-        .health(watch())
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let kit = ready_watch_kit(&backends).await;
     for b in backends.iter() {
         b.set_serving(false).await;
     }
@@ -80,12 +70,7 @@ async fn an_open_breaker_is_unavailable_naming_the_target_and_when_it_retries() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quarantine_alone_never_refuses_and_is_named_when_it_adds_to_another_reason() {
     let backends = Backends::start(2).await.unwrap();
-    let kit = Kit::builder()
-        .targets(backends.uris())
-        .health(watch())
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let kit = ready_watch_kit(&backends).await;
     let (u0, u1) = (backends[0].uri(), backends[1].uri());
     let group = kit.quarantine();
     group

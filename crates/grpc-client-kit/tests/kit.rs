@@ -7,15 +7,11 @@ use std::time::Duration;
 
 use grpc_client_kit::Kit;
 use grpc_client_kit::health::{HealthConfig, ProbeMode};
-use support::eventually;
+use support::{eventually, ready_watch_kit};
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, StreamPing};
 use test_backends::{Backends, BlackHole};
 use tonic::transport::Endpoint;
-
-fn watch() -> HealthConfig {
-    HealthConfig::new().mode(ProbeMode::Watch)
-}
 
 fn hits(backends: &Backends) -> Vec<u64> {
     backends.iter().map(|b| b.hits()).collect()
@@ -24,12 +20,7 @@ fn hits(backends: &Backends) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_calls_split_20_20_20_then_30_0_30_when_one_is_not_serving() {
     let backends = Backends::start(3).await.unwrap();
-    let kit = Kit::builder()
-        .targets(backends.uris())
-        .health(watch())
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let kit = ready_watch_kit(&backends).await;
     let mut client = TestServiceClient::new(kit.channel());
     for _ in 0..60 {
         client.unary(Ping::default()).await.unwrap();
@@ -56,12 +47,7 @@ async fn sixty_calls_split_20_20_20_then_30_0_30_when_one_is_not_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_streams_and_concurrent_clones_work_through_the_kit() {
     let backends = Backends::start(3).await.unwrap();
-    let kit = Kit::builder()
-        .targets(backends.uris())
-        .health(watch())
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let kit = ready_watch_kit(&backends).await;
     let mut client = TestServiceClient::new(kit.channel());
     let mut stream = client
         .server_stream(StreamPing { count: 5 })
@@ -205,12 +191,7 @@ async fn shutdown_stops_the_checker_and_closes_every_connection() {
     let backends = Backends::start(2).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let baseline = alive();
-    let kit = Kit::builder()
-        .targets(backends.uris())
-        .health(watch())
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    let kit = ready_watch_kit(&backends).await;
     let mut client = TestServiceClient::new(kit.channel());
     client.unary(Ping::default()).await.unwrap();
     client.unary(Ping::default()).await.unwrap();

@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use grpc_client_kit::Kit;
-use grpc_client_kit::health::{HealthConfig, ProbeMode};
 use grpc_client_kit::quarantine::QuarantineConfig;
-use support::eventually;
+use support::{eventually, watch};
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
@@ -122,7 +121,7 @@ async fn a_graceful_stop_costs_a_sequential_watch_caller_nothing() {
     let backends = Backends::start(3).await.unwrap();
     let kit = Kit::builder()
         .targets(backends.uris())
-        .health(HealthConfig::new().mode(ProbeMode::Watch))
+        .health(watch())
         .quarantine(QuarantineConfig::default().duration(Duration::from_millis(100)))
         .build()
         .unwrap();

@@ -18,6 +18,23 @@ use tokio::net::{TcpListener, UdpSocket};
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
 
+/// Health checking over `Watch` streams (the checker's other settings at their defaults).
+pub fn watch() -> grpc_client_kit::health::HealthConfig {
+    grpc_client_kit::health::HealthConfig::new().mode(grpc_client_kit::health::ProbeMode::Watch)
+}
+
+/// A kit over `backends` with `Watch` health checking, once every target has a first verdict
+/// (panics if that takes 10 s).
+pub async fn ready_watch_kit(backends: &test_backends::Backends) -> grpc_client_kit::Kit {
+    let kit = grpc_client_kit::Kit::builder()
+        .targets(backends.uris())
+        .health(watch())
+        .build()
+        .unwrap();
+    assert!(kit.wait_until_ready(Duration::from_secs(10)).await);
+    kit
+}
+
 /// Polls `cond` every 10 ms until it holds or `limit` passes; returns whether it held.
 pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
