@@ -275,18 +275,6 @@ impl<K, S> Picker<K, S> {
         }
     }
 
-    /// Reserves `endpoint` (with one of its spare services, or a clone).
-    fn reserve(&self, endpoint: &Arc<Endpoint<K, S>>, ignoring_quarantine: bool) -> Reserved<K, S>
-    where
-        S: Clone,
-    {
-        Reserved {
-            endpoint: endpoint.clone(),
-            service: endpoint.service(),
-            ignoring_quarantine,
-        }
-    }
-
     /// Takes what `poll_pick` reserved, for `call`.
     pub(crate) fn take(&mut self) -> Taken<K, S> {
         match std::mem::replace(&mut self.slot, Slot::Empty) {
@@ -415,7 +403,12 @@ impl<K, S> Picker<K, S> {
                     stale = true;
                     continue;
                 }
-                let mut reserved = self.reserve(endpoint, snap.ignoring_quarantine);
+                // One of the endpoint's spare services, or a clone.
+                let mut reserved = Reserved {
+                    endpoint: endpoint.clone(),
+                    service: endpoint.service(),
+                    ignoring_quarantine: snap.ignoring_quarantine,
+                };
                 match reserved.service.poll_ready(cx) {
                     Poll::Ready(Ok(())) => {
                         if stale {
