@@ -230,7 +230,7 @@ impl PeakEwma {
 ///     "invalid balancer configuration: weights[b2] = -1: a weight must not be negative",
 /// );
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct BalanceConfig {
     /// How to choose among eligible endpoints. Default: [`Strategy::RoundRobin`].
     pub strategy: Strategy,
@@ -244,14 +244,41 @@ pub struct BalanceConfig {
     /// endpoint when its request carries no deadline, and a cap when it does. Default `None`:
     /// only the request's deadline bounds the wait.
     pub max_wait: Option<Duration>,
+    /// How long a call waits while targets are *connecting* — no endpoint is eligible, and some
+    /// endpoint's card has no health verdict yet ([`HealthVerdict::Unknown`]), or discovery has
+    /// found no endpoint yet — for the first verdicts, before it fails. gRPC queues calls the
+    /// same way while a channel connects. The call's own deadline bounds it too; it fails at
+    /// once when every endpoint has evidence against it (nothing is connecting any more).
+    /// Default 5 s (a health checker's default probe timeout: by then every target has a
+    /// verdict); `Duration::ZERO` never waits. Independent of
+    /// [`wait_for_ready`](Self::wait_for_ready), which waits longer and for any reason.
+    ///
+    /// [`HealthVerdict::Unknown`]: endpoint_state::HealthVerdict::Unknown
+    pub connecting_wait: Duration,
     /// Seed of the per-clone random generators (random, least-loaded). Default `None`: seeded
     /// from the process's randomness. With a seed, a balancer and its clones draw the same
     /// sequences on every run (clone `i` uses a sequence derived from the seed and `i`).
     pub seed: Option<u64>,
 }
 
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig {
+            strategy: Strategy::default(),
+            wait_for_ready: false,
+            max_wait: None,
+            connecting_wait: DEFAULT_CONNECTING_WAIT,
+            seed: None,
+        }
+    }
+}
+
+/// The default [`BalanceConfig::connecting_wait`].
+pub(crate) const DEFAULT_CONNECTING_WAIT: Duration = Duration::from_secs(5);
+
 impl BalanceConfig {
-    /// The defaults: round-robin, fail at once when nothing is eligible.
+    /// The defaults: round-robin; fail at once when nothing is eligible, except while targets
+    /// are connecting (up to 5 s).
     pub fn new() -> Self {
         BalanceConfig::default()
     }
@@ -274,6 +301,13 @@ impl BalanceConfig {
     #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// Sets [`connecting_wait`](Self::connecting_wait).
+    #[must_use]
+    pub fn connecting_wait(mut self, wait: Duration) -> Self {
+        self.connecting_wait = wait;
         self
     }
 

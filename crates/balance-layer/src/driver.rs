@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
-use endpoint_state::{BreakerState, Changed, HasCard};
+use endpoint_state::{BreakerState, Changed, HasCard, Peers};
 use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{Instant, Sleep};
@@ -171,6 +171,12 @@ where
     fn insert(&mut self, key: D::Key, service: D::Service) {
         let name: Arc<str> = key.to_string().into();
         let card = service.card().cloned();
+        if let Some(card) = &card
+            && card.peers().is_none()
+        {
+            // A card in no peer set: this balancer's endpoints are its peers.
+            self.shared.peers.add(card);
+        }
         let weight = self.shared.settings.weights.weight_of(&name);
         let endpoint = Arc::new(Endpoint::new(
             key.clone(),
@@ -193,21 +199,25 @@ where
         tracing::debug!(target = %endpoint.name, carded = watch.is_some(), "balance: endpoint inserted");
         self.order.push(endpoint.clone());
         if let Some(old) = self.entries.insert(key, Entry { endpoint, watch }) {
-            Self::retire(old);
+            self.retire(old);
         }
     }
 
     fn remove(&mut self, key: &D::Key) {
         if let Some(old) = self.entries.remove(key) {
             tracing::debug!(target = %old.endpoint.name, "balance: endpoint removed");
-            Self::retire(old);
+            self.retire(old);
         }
     }
 
     /// Takes an endpoint out of rotation. Calls already made on it keep their own clone of
     /// its service and finish normally.
-    fn retire(entry: Entry<D::Key, D::Service>) {
+    fn retire(&self, entry: Entry<D::Key, D::Service>) {
         entry.endpoint.mark_removed();
+        if let Some(card) = &entry.endpoint.card {
+            // Only if it is in this balancer's own set (a no-op otherwise).
+            self.shared.peers.remove_card(card);
+        }
         if let Some(watch) = entry.watch {
             watch.abort();
         }
@@ -263,21 +273,28 @@ where
 
     /// Recomputes the eligible set from every card and publishes it. O(endpoints); runs once
     /// per batch of changes, never on the request path.
+    ///
+    /// The set is the eligible endpoints; when there is none, the endpoints that the one rule
+    /// of [`endpoint_state::peers`] admits anyway (shut by passive signals only, and no peer
+    /// eligible) — the same question each endpoint's quarantine and breaker gates ask, so the
+    /// balancer never picks an endpoint whose gate stays shut.
     fn rebuild(&mut self) {
         let now = Instant::now();
         if self.order.len() != self.entries.len() {
             self.order.retain(|e| e.state() != REMOVED);
         }
         let mut strict = Vec::with_capacity(self.order.len());
-        let mut relaxed = Vec::new();
+        let mut blocked = Vec::new();
         let mut next: Option<Instant> = None;
+        let mut connecting = self.order.is_empty() && matches!(self.discovery, Discovery::Running);
         for endpoint in &self.order {
             if endpoint.admits(false) {
                 strict.push(endpoint.clone());
                 continue;
             }
+            connecting |= endpoint.connecting();
             if endpoint.admits(true) {
-                relaxed.push(endpoint.clone());
+                blocked.push(endpoint.clone());
             }
             if let Some(card) = &endpoint.card {
                 // Lines that reopen with time alone: wake then.
@@ -291,8 +308,29 @@ where
                 }
             }
         }
-        let ignoring_quarantine = strict.is_empty() && !relaxed.is_empty();
-        let picks = if ignoring_quarantine { relaxed } else { strict };
+        let ignoring_passive = strict.is_empty() && !blocked.is_empty();
+        let picks = if ignoring_passive {
+            // Each blocked endpoint is admitted when no member of its own peer set is
+            // eligible (a set may reach beyond this balancer). Asked once per set.
+            let mut sets: Vec<(Peers, bool)> = Vec::new();
+            blocked.retain(|e| {
+                let Some(peers) = e.card.as_ref().and_then(|c| c.peers()) else {
+                    return false;
+                };
+                match sets.iter().find(|(p, _)| p.same_set(&peers)) {
+                    Some((_, any)) => !any,
+                    None => {
+                        let any = peers.any_eligible();
+                        sets.push((peers, any));
+                        !any
+                    }
+                }
+            });
+            blocked
+        } else {
+            strict
+        };
+        let ignoring_passive = ignoring_passive && !picks.is_empty();
         let alias = if self.shared.settings.kind == Kind::Weighted {
             let weights: Vec<f64> = picks.iter().map(|e| e.weight).collect();
             Alias::new(&weights)
@@ -302,14 +340,15 @@ where
         let previous = self.shared.snapshot.load();
         let generation = previous.generation + 1;
         if previous.picks.is_empty() != picks.is_empty()
-            || ignoring_quarantine != previous.ignoring_quarantine
+            || ignoring_passive != previous.ignoring_passive
         {
             if picks.is_empty() {
                 tracing::info!(targets = self.order.len(), "balance: no eligible endpoint");
-            } else if ignoring_quarantine {
+            } else if ignoring_passive {
                 tracing::info!(
-                    eligible = picks.len(),
-                    "balance: every otherwise eligible endpoint is quarantined; ignoring quarantine"
+                    admitted = picks.len(),
+                    "balance: every endpoint that health admits is quarantined or its breaker \
+                     open; ignoring them (passive signals never empty the choice)"
                 );
             } else {
                 tracing::info!(eligible = picks.len(), "balance: eligible endpoints again");
@@ -325,7 +364,8 @@ where
         self.shared.snapshot.store(Arc::new(Snapshot {
             generation,
             picks: picks.into_boxed_slice(),
-            ignoring_quarantine,
+            ignoring_passive,
+            connecting,
             alias,
             all: self.order.clone().into_boxed_slice(),
             discovery: self.discovery.clone(),

@@ -105,7 +105,17 @@ impl<K, S> Drop for Load<K, S> {
     }
 }
 
-/// A call made while nothing was eligible, waiting (wait-for-ready) for an endpoint.
+/// Why a call made while nothing was eligible waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Wait-for-ready: for any endpoint to become eligible, up to the deadline.
+    ForReady,
+    /// Targets are connecting (no health verdict yet): for the first verdicts, up to the
+    /// deadline and `connecting_wait`; it fails as soon as nothing is connecting any more.
+    Connecting,
+}
+
+/// A call made while nothing was eligible, waiting for an endpoint.
 struct Waiter<K, S, Req> {
     picker: Picker<K, S>,
     /// Keeps the balancer's discovery running while the call waits.
@@ -115,6 +125,7 @@ struct Waiter<K, S, Req> {
     /// Whether the deadline is the request's own (rather than `max_wait`).
     caller_deadline: bool,
     started: Instant,
+    wait: Wait,
 }
 
 impl<K, S, Req> ResponseFuture<K, S, Req>
@@ -167,19 +178,31 @@ where
         }
     }
 
-    pub(crate) fn waiting(shared: Arc<Shared<K, S>>, owner: Arc<Owner<K, S>>, req: Req) -> Self
+    pub(crate) fn waiting(
+        shared: Arc<Shared<K, S>>,
+        owner: Arc<Owner<K, S>>,
+        req: Req,
+        wait: Wait,
+    ) -> Self
     where
         Req: RequestDeadline,
     {
         let started = Instant::now();
         let budget = req.time_budget();
-        let (limit, caller_deadline) = match (budget, shared.settings.max_wait) {
+        let cap = match wait {
+            Wait::ForReady => shared.settings.max_wait,
+            Wait::Connecting => Some(shared.settings.connecting_wait),
+        };
+        let (limit, caller_deadline) = match (budget, cap) {
             (Some(b), Some(m)) if m < b => (Some(m), false),
             (Some(b), _) => (Some(b), true),
             (None, m) => (m, false),
         };
-        let deadline = limit.map(|d| Box::pin(tokio::time::sleep_until(started + d)));
-        tracing::debug!(limit = ?limit, "balance: nothing eligible; waiting for ready");
+        // A limit too far to represent is no limit.
+        let deadline = limit
+            .and_then(|d| started.checked_add(d))
+            .map(|at| Box::pin(tokio::time::sleep_until(at)));
+        tracing::debug!(limit = ?limit, ?wait, "balance: nothing eligible; waiting");
         ResponseFuture {
             state: State::Waiting {
                 waiter: Box::new(Waiter {
@@ -189,6 +212,7 @@ where
                     deadline,
                     caller_deadline,
                     started,
+                    wait,
                 }),
             },
         }
@@ -249,6 +273,16 @@ impl<K, S, Req> Waiter<K, S, Req> {
             match self.picker.poll_pick::<Req>(cx) {
                 Poll::Ready(Ok(Picked::Endpoint)) => return Poll::Ready(Ok(())),
                 Poll::Ready(Ok(Picked::Nothing)) => {
+                    if self.wait == Wait::Connecting {
+                        let snapshot = self.picker.shared.snapshot.load();
+                        if snapshot.generation == self.picker.seen && !snapshot.connecting {
+                            // Every target has a verdict now, and none admits the call.
+                            let error =
+                                snapshot.no_healthy_targets(Some(self.started.elapsed()), false);
+                            tracing::debug!(%error, "balance: targets connected; none eligible");
+                            return Poll::Ready(Err(error.into()));
+                        }
+                    }
                     if self.picker.poll_set_change(cx).is_ready() {
                         continue;
                     }

@@ -18,7 +18,7 @@ use crate::config::BalanceConfig;
 use crate::deadline::RequestDeadline;
 use crate::driver::Driver;
 use crate::error::{BoxError, InvalidConfig};
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, Wait};
 use crate::rng::Rng;
 use crate::shared::{Endpoint, Settings, Shared};
 
@@ -114,10 +114,11 @@ impl<D: Discover, Req> Balance<D, Req> {
         snap.all.iter().map(|e| e.name.clone()).collect()
     }
 
-    /// Whether the balancer is ignoring quarantine because every otherwise eligible endpoint
-    /// is quarantined (quarantine narrows the choice; it never empties it).
-    pub fn ignoring_quarantine(&self) -> bool {
-        self.picker.shared.snapshot.load().ignoring_quarantine
+    /// Whether the balancer is ignoring passive signals — quarantine and open breakers —
+    /// because every endpoint that health admits is shut by them (they narrow the choice; they
+    /// never empty it: see [`endpoint_state::peers`]).
+    pub fn ignoring_passive_signals(&self) -> bool {
+        self.picker.shared.snapshot.load().ignoring_passive
     }
 
     /// A future that completes the next time the balancer takes in a change — an endpoint
@@ -159,7 +160,7 @@ impl<D: Discover, Req> fmt::Debug for Balance<D, Req> {
             .field("strategy", &self.picker.shared.settings.kind)
             .field("eligible", &snap.picks.len())
             .field("targets", &snap.all.len())
-            .field("ignoring_quarantine", &snap.ignoring_quarantine)
+            .field("ignoring_passive", &snap.ignoring_passive)
             .field("reserved", &self.picker.slot.describe())
             .finish()
     }
@@ -192,7 +193,13 @@ where
                 future
             }
             Taken::Nothing if shared.settings.wait_for_ready => {
-                ResponseFuture::waiting(shared.clone(), self.owner.clone(), req)
+                ResponseFuture::waiting(shared.clone(), self.owner.clone(), req, Wait::ForReady)
+            }
+            Taken::Nothing
+                if !shared.settings.connecting_wait.is_zero()
+                    && shared.snapshot.load().connecting =>
+            {
+                ResponseFuture::waiting(shared.clone(), self.owner.clone(), req, Wait::Connecting)
             }
             Taken::Nothing => ResponseFuture::failed(
                 shared
@@ -210,7 +217,7 @@ where
 pub(crate) struct Reserved<K, S> {
     pub(crate) endpoint: Arc<Endpoint<K, S>>,
     pub(crate) service: S,
-    ignoring_quarantine: bool,
+    ignoring_passive: bool,
 }
 
 enum Slot<K, S> {
@@ -260,7 +267,7 @@ pub(crate) struct Picker<K, S> {
     rng: Rng,
     listener: Option<Pin<Box<OwnedNotified>>>,
     /// The generation of the snapshot the last decision was made on.
-    seen: u64,
+    pub(crate) seen: u64,
 }
 
 impl<K, S> Picker<K, S> {
@@ -334,7 +341,7 @@ impl<K, S> Picker<K, S> {
         let mut i = 0;
         while i < self.waiting.len() {
             let reserved = &mut self.waiting[i];
-            if !reserved.endpoint.admits(reserved.ignoring_quarantine) {
+            if !reserved.endpoint.admits(reserved.ignoring_passive) {
                 self.waiting.swap_remove(i);
                 continue;
             }
@@ -362,7 +369,7 @@ impl<K, S> Picker<K, S> {
             match std::mem::replace(&mut self.slot, Slot::Empty) {
                 Slot::Ready(reserved) => {
                     // Asked again: still ours if its card still admits it.
-                    if reserved.endpoint.admits(reserved.ignoring_quarantine) {
+                    if reserved.endpoint.admits(reserved.ignoring_passive) {
                         return self.settle(Slot::Ready(reserved), Picked::Endpoint);
                     }
                 }
@@ -398,7 +405,7 @@ impl<K, S> Picker<K, S> {
             let mut stale = false;
             for _ in 0..n.min(ATTEMPTS) {
                 let endpoint = &snap.picks[self.shared.choose(&snap, &mut self.rng)];
-                if !endpoint.admits(snap.ignoring_quarantine) {
+                if !endpoint.admits(snap.ignoring_passive) {
                     // Its card changed since the snapshot was built.
                     stale = true;
                     continue;
@@ -407,7 +414,7 @@ impl<K, S> Picker<K, S> {
                 let mut reserved = Reserved {
                     endpoint: endpoint.clone(),
                     service: endpoint.service(),
-                    ignoring_quarantine: snap.ignoring_quarantine,
+                    ignoring_passive: snap.ignoring_passive,
                 };
                 match reserved.service.poll_ready(cx) {
                     Poll::Ready(Ok(())) => {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use endpoint_state::{EndpointCard, LineKind};
+use endpoint_state::{EndpointCard, HealthVerdict, Peers};
 use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -25,6 +25,7 @@ pub(crate) struct Settings {
     pub(crate) ewma_decay_ns: f64,
     pub(crate) wait_for_ready: bool,
     pub(crate) max_wait: Option<Duration>,
+    pub(crate) connecting_wait: Duration,
     pub(crate) seed: u64,
 }
 
@@ -61,6 +62,7 @@ impl Settings {
             ewma_decay_ns: ewma.decay.as_nanos() as f64,
             wait_for_ready: config.wait_for_ready,
             max_wait: config.max_wait,
+            connecting_wait: config.connecting_wait,
             seed: config.seed.unwrap_or_else(rng::random_seed),
         }
     }
@@ -87,6 +89,9 @@ pub(crate) struct Shared<K, S> {
     pub(crate) dirty: AtomicBool,
     pub(crate) closed: AtomicBool,
     pub(crate) epoch: Instant,
+    /// The peer set of endpoints whose cards had none when they were inserted: the balancer's
+    /// endpoints are each other's peers (see [`endpoint_state::peers`]).
+    pub(crate) peers: Peers,
 }
 
 impl<K, S> Shared<K, S> {
@@ -102,6 +107,7 @@ impl<K, S> Shared<K, S> {
             dirty: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             epoch: Instant::now(),
+            peers: Peers::new(),
         }
     }
 
@@ -267,17 +273,35 @@ impl<K, S> Endpoint<K, S> {
     }
 
     /// Whether the endpoint may be picked now: still discovered, not failed, and its card
-    /// (if any) eligible — ignoring quarantine when the set was built that way. A few
-    /// atomic loads; no lock.
-    pub(crate) fn admits(&self, ignoring_quarantine: bool) -> bool {
+    /// (if any) eligible — or, in a set built while passive signals are ignored (no endpoint
+    /// was eligible), shut by passive signals only. A few atomic loads; no lock.
+    pub(crate) fn admits(&self, ignoring_passive: bool) -> bool {
         if self.state.load(Ordering::Acquire) != LIVE {
             return false;
         }
         match &self.card {
             None => true,
-            Some(card) if ignoring_quarantine => card.is_eligible_ignoring(&[LineKind::Quarantine]),
-            Some(card) => card.is_eligible(),
+            Some(card) => card.is_eligible() || (ignoring_passive && card.passively_blocked()),
         }
+    }
+
+    /// Whether the card's own rule admits the endpoint now (eligible, or degraded because no
+    /// peer is eligible). O(peers) on the slow path: not for the request path.
+    pub(crate) fn admitted_by_rule(&self) -> bool {
+        if self.state.load(Ordering::Acquire) != LIVE {
+            return false;
+        }
+        self.card.as_ref().is_none_or(|c| c.admission().admits())
+    }
+
+    /// Whether the endpoint's card has no health verdict yet (a checker's first probe is
+    /// pending).
+    pub(crate) fn connecting(&self) -> bool {
+        self.state.load(Ordering::Acquire) == LIVE
+            && self
+                .card
+                .as_ref()
+                .is_some_and(|c| c.health_verdict() == HealthVerdict::Unknown)
     }
 
     pub(crate) fn state(&self) -> u8 {
@@ -372,11 +396,15 @@ pub(crate) enum Discovery {
 /// One immutable view of the endpoints, swapped whole when anything changes.
 pub(crate) struct Snapshot<K, S> {
     pub(crate) generation: u64,
-    /// The endpoints to pick from: the eligible ones or, when none is, those that are
-    /// eligible but for quarantine.
+    /// The endpoints to pick from: the eligible ones or, when none is, those that passive
+    /// signals alone shut and whose peers are all out too (the rule of
+    /// [`endpoint_state::peers`]).
     pub(crate) picks: Box<[Arc<Endpoint<K, S>>]>,
-    /// Whether `picks` ignores quarantine.
-    pub(crate) ignoring_quarantine: bool,
+    /// Whether `picks` ignores passive signals.
+    pub(crate) ignoring_passive: bool,
+    /// Whether some endpoint is *connecting* (no health verdict yet), or discovery has found
+    /// nothing yet: a call that finds nothing eligible may wait for the first verdicts.
+    pub(crate) connecting: bool,
     /// For the weighted strategy: the alias table over `picks`' weights (`None`: uniform).
     pub(crate) alias: Option<Alias>,
     /// Every endpoint, in discovery order.
@@ -389,7 +417,8 @@ impl<K, S> Snapshot<K, S> {
         Snapshot {
             generation: 0,
             picks: Box::new([]),
-            ignoring_quarantine: false,
+            ignoring_passive: false,
+            connecting: true,
             alias: None,
             all: Box::new([]),
             discovery: Discovery::Running,
@@ -399,7 +428,7 @@ impl<K, S> Snapshot<K, S> {
     /// Whether any endpoint would be admitted right now, looking past this snapshot (which
     /// may be a moment stale). O(n): only on the path that is about to report failure.
     pub(crate) fn any_admits_now(&self) -> bool {
-        self.all.iter().any(|e| e.admits(false) || e.admits(true))
+        self.all.iter().any(|e| e.admitted_by_rule())
     }
 
     /// The error for a call that found nothing to pick.

@@ -30,20 +30,26 @@ fn no_healthy(e: BoxError) -> Box<NoHealthyTargets> {
 
 #[tokio::test]
 async fn nothing_eligible_fails_at_once_listing_every_target_and_why() {
+    // Every target has evidence against it (none is connecting), and health shuts each one:
+    // passive signals alone never would (see `passive_signals_alone_never_empty_the_choice`).
     let eps = carded(3);
     let mut balance = Balance::new(list_counted(&eps), BalanceConfig::new()).unwrap();
     eps[0]
         .card()
         .set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
+    eps[1]
+        .card()
+        .set_health(HealthVerdict::Unhealthy, Some("SERVICE_UNKNOWN".into()));
     eps[1].card().set_breaker(
         BreakerState::Open {
             until: Instant::now() + Duration::from_secs(30),
         },
         Some("5 consecutive failures".into()),
     );
-    eps[2]
-        .card()
-        .set_health(HealthVerdict::Unknown, Some("no probe yet".into()));
+    eps[2].card().set_health(
+        HealthVerdict::Unhealthy,
+        Some("UNAVAILABLE: connect failed".into()),
+    );
     eps[2].card().quarantine_for(
         Duration::from_secs(3),
         Some("UNAVAILABLE: connection refused".into()),
@@ -62,12 +68,12 @@ async fn nothing_eligible_fails_at_once_listing_every_target_and_why() {
     assert!(text.starts_with("no healthy targets: "), "{text}");
     assert!(text.contains("b0: unhealthy (NOT_SERVING)"), "{text}");
     assert!(
-        text.contains("b1: breaker open, retry in")
+        text.contains("b1: unhealthy (SERVICE_UNKNOWN); breaker open, retry in")
             && text.contains("after 5 consecutive failures"),
         "{text}"
     );
     assert!(
-        text.contains("b2: health unknown (no probe yet); quarantined")
+        text.contains("b2: unhealthy (UNAVAILABLE: connect failed); quarantined")
             && text.contains("after UNAVAILABLE: connection refused"),
         "{text}"
     );
@@ -125,7 +131,7 @@ async fn quarantine_narrows_the_choice_but_never_empties_it() {
     eps[0].card().quarantine_for(Duration::from_secs(60), None);
     eps[1].card().quarantine_for(Duration::from_secs(60), None);
     eps[2].card().set_health(HealthVerdict::Unhealthy, None);
-    settle(|| balance.ignoring_quarantine()).await;
+    settle(|| balance.ignoring_passive_signals()).await;
 
     // Every otherwise eligible endpoint is quarantined: quarantine is ignored, health is not.
     let mut names = Vec::new();
@@ -140,7 +146,7 @@ async fn quarantine_narrows_the_choice_but_never_empties_it() {
 
     // One comes out of quarantine: only it is eligible again.
     eps[0].card().clear_quarantine();
-    settle(|| !balance.ignoring_quarantine()).await;
+    settle(|| !balance.ignoring_passive_signals()).await;
     assert_eq!(balance.eligible_targets(), [Arc::from("b0")]);
     for _ in 0..5 {
         assert_eq!(&*call(&mut balance, Req::default()).await.unwrap(), "b0");

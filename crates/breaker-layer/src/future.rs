@@ -33,6 +33,11 @@ enum Kind {
         generation: u64,
     },
     Probe(Permit),
+    /// Admitted while open because no peer was eligible.
+    Degraded {
+        shared: Arc<Shared>,
+        generation: u64,
+    },
 }
 
 impl Recorder {
@@ -41,6 +46,13 @@ impl Recorder {
         Recorder {
             kind: Kind::Closed { shared, generation },
             started,
+        }
+    }
+
+    pub(crate) fn degraded(shared: Arc<Shared>, generation: u64) -> Self {
+        Recorder {
+            kind: Kind::Degraded { shared, generation },
+            started: None,
         }
     }
 
@@ -61,6 +73,10 @@ impl fmt::Debug for Recorder {
                 .field("closed_generation", generation)
                 .finish(),
             Kind::Probe(permit) => f.debug_struct("Recorder").field("probe", permit).finish(),
+            Kind::Degraded { generation, .. } => f
+                .debug_struct("Recorder")
+                .field("degraded_generation", generation)
+                .finish(),
         }
     }
 }
@@ -76,6 +92,7 @@ impl OnOutcome for Recorder {
                 let shared = Arc::clone(permit.shared());
                 shared.record_probe(permit, &outcome, duration)
             }
+            Kind::Degraded { shared, generation } => shared.record_degraded(generation, &outcome),
         }
     }
 }

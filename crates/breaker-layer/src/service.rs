@@ -4,7 +4,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use endpoint_state::{BreakerState, ClassifiedBody, EndpointCard, Gate, GateCheck, HasCard};
+use endpoint_state::{
+    BreakerState, ClassifiedBody, EndpointCard, HasCard, PassiveCheck, PassiveGate, PassiveOpened,
+};
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -21,7 +23,11 @@ use crate::state::{Mode, Permit, Shared};
 ///
 /// * **Closed**: calls pass and their outcomes are counted.
 /// * **Open**: `poll_ready` is `Pending` until the open period ends (a timer wakes the task
-///   then) — or, in fail-fast mode, ready with a call that fails with [`BreakerOpen`].
+///   then) — or, in fail-fast mode, ready with a call that fails with [`BreakerOpen`]. An open
+///   breaker is a *passive* signal: when the endpoint's card belongs to a
+///   [`Peers`](endpoint_state::Peers) set (a quarantine group's, or a balancer's) and no peer
+///   is eligible, calls are admitted anyway — passive signals never empty the choice — and a
+///   success of such a call closes the breaker.
 /// * **Half-open**: `poll_ready` takes one of the bounded probe permits and holds it; `call`
 ///   hands it to the call, whose outcome decides. A service, response future or body dropped
 ///   before the outcome gives its permit back. A service never holds two permits.
@@ -34,7 +40,7 @@ use crate::state::{Mode, Permit, Shared};
 pub struct Breaker<S> {
     inner: S,
     shared: Arc<Shared>,
-    gate: Gate,
+    gate: PassiveGate,
     permit_wait: Option<Pin<Box<OwnedNotified>>>,
     admission: Option<Admission>,
 }
@@ -48,6 +54,9 @@ enum Admission {
     Uncounted,
     /// Half-open: pass with this probe permit.
     Probe(Permit),
+    /// Open, but no peer is eligible: pass (passive signals never empty the choice); a
+    /// success closes the breaker.
+    Degraded { generation: u64 },
     /// Fail fast: refuse the call.
     Refuse { state: BreakerState },
 }
@@ -65,7 +74,7 @@ impl<S> Breaker<S> {
     pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
         Breaker {
             inner,
-            gate: Gate::new(shared.card.clone()),
+            gate: PassiveGate::new(shared.card.clone()),
             shared,
             permit_wait: None,
             admission: None,
@@ -127,6 +136,13 @@ impl<S> Breaker<S> {
 
             if self.shared.config.when_open == WhenOpen::FailFast {
                 self.permit_wait = None;
+                if matches!(refused, BreakerState::Open { .. })
+                    && self.shared.card.admission() == endpoint_state::Admission::Degraded
+                {
+                    return Poll::Ready(Admission::Degraded {
+                        generation: w.generation(),
+                    });
+                }
                 return Poll::Ready(Admission::Refuse { state: refused });
             }
 
@@ -140,8 +156,20 @@ impl<S> Breaker<S> {
             }
 
             let shared = &self.shared;
-            if self.gate.poll_open(cx, |_| gate_check(shared)).is_ready() {
-                continue; // the state changed, or the open period is over
+            match self.gate.poll_open(cx, |_| gate_check(shared)) {
+                Poll::Ready(PassiveOpened::Degraded) => {
+                    let now = self.shared.load();
+                    if now.mode() == Mode::Open {
+                        self.permit_wait = None;
+                        return Poll::Ready(Admission::Degraded {
+                            generation: now.generation(),
+                        });
+                    }
+                    continue;
+                }
+                // The state changed, or the open period is over.
+                Poll::Ready(_) => continue,
+                Poll::Pending => {}
             }
             if let Some(wait) = &mut self.permit_wait
                 && wait.as_mut().poll(cx).is_ready()
@@ -155,14 +183,15 @@ impl<S> Breaker<S> {
     }
 }
 
-/// The gate's view of the breaker's word: what would let a waiter try again.
-fn gate_check(shared: &Shared) -> GateCheck {
+/// The gate's view of the breaker's word: what would let a waiter try again. An open period
+/// is a passive signal: the gate admits the call anyway when no peer is eligible.
+fn gate_check(shared: &Shared) -> PassiveCheck {
     let w = shared.load();
     match w.mode() {
-        Mode::Closed | Mode::Disabled => GateCheck::Open,
-        Mode::HalfOpen if w.permits() > 0 => GateCheck::Open,
-        Mode::HalfOpen | Mode::ForcedOpen => GateCheck::Shut,
-        Mode::Open => GateCheck::ShutUntil(shared.open_until()),
+        Mode::Closed | Mode::Disabled => PassiveCheck::Open,
+        Mode::HalfOpen if w.permits() > 0 => PassiveCheck::Open,
+        Mode::HalfOpen | Mode::ForcedOpen => PassiveCheck::Shut,
+        Mode::Open => PassiveCheck::Passive(Some(shared.open_until())),
     }
 }
 
@@ -210,6 +239,14 @@ where
             Admission::Uncounted => ResponseFuture::called(self.inner.call(req), None),
             Admission::Probe(permit) => {
                 let recorder = Recorder::probe(permit);
+                ResponseFuture::called(self.inner.call(req), Some(recorder))
+            }
+            Admission::Degraded { generation } => {
+                tracing::debug!(
+                    target = %self.shared.card.target(),
+                    "breaker: open, but no peer is eligible; call admitted"
+                );
+                let recorder = Recorder::degraded(Arc::clone(&self.shared), generation);
                 ResponseFuture::called(self.inner.call(req), Some(recorder))
             }
             Admission::Refuse { state } => {

@@ -346,6 +346,26 @@ impl Shared {
         }
     }
 
+    /// A call admitted while the breaker was open, because no peer was eligible (passive
+    /// signals never empty the choice), ended. A success closes the breaker — the endpoint has
+    /// just proven itself — if it is still open in `generation`; any other outcome leaves it
+    /// as it is (it is open already).
+    pub(crate) fn record_degraded(&self, generation: u64, outcome: &Outcome) {
+        if self.config.failure_codes.classify(outcome) != Verdict::Success {
+            return;
+        }
+        let mut m = self.lock();
+        let w = self.load();
+        if w.mode() != Mode::Open || w.generation() != generation {
+            return;
+        }
+        self.close_locked(
+            &mut m,
+            w,
+            "a call admitted while no peer was eligible succeeded".into(),
+        );
+    }
+
     fn is_slow(&self, duration: Option<Duration>) -> bool {
         match (&self.config.slow_calls, duration) {
             (Some(policy), Some(d)) => d >= policy.threshold,

@@ -9,13 +9,15 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+
+use crate::peers::{Peers, PeersInner};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -169,6 +171,9 @@ struct Inner {
     write: Mutex<()>,
     version: AtomicU64,
     notify: Arc<Notify>,
+    /// The peer set the card belongs to (weak: the set holds its cards). Read only on the
+    /// slow path, when the card is not eligible.
+    peers: Mutex<Weak<PeersInner>>,
 }
 
 const HEALTH_ADMITS: u8 = 1;
@@ -254,6 +259,7 @@ impl EndpointCard {
                 write: Mutex::new(()),
                 version: AtomicU64::new(0),
                 notify: Arc::new(Notify::new()),
+                peers: Mutex::new(Weak::new()),
             }),
         }
     }
@@ -472,6 +478,29 @@ impl EndpointCard {
 
     pub(crate) fn notified(&self) -> tokio::sync::futures::OwnedNotified {
         self.inner.notify.clone().notified_owned()
+    }
+
+    fn peers_slot(&self) -> std::sync::MutexGuard<'_, Weak<PeersInner>> {
+        self.inner
+            .peers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn peer_set(&self) -> Option<Peers> {
+        self.peers_slot().upgrade().map(Peers::from_inner)
+    }
+
+    pub(crate) fn link_peers(&self, peers: Weak<PeersInner>) {
+        *self.peers_slot() = peers;
+    }
+
+    /// Forgets the peer set, if it is `peers`.
+    pub(crate) fn unlink_peers(&self, peers: &Arc<PeersInner>) {
+        let mut slot = self.peers_slot();
+        if std::ptr::eq(Arc::as_ptr(peers), slot.as_ptr()) {
+            *slot = Weak::new();
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 
-use crate::card::EndpointCard;
+use crate::card::{Changed, EndpointCard};
+use crate::peers::{Admission, Peers, Witness};
 
 /// What a layer's line says about admitting a call right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,5 +182,172 @@ impl Gate {
     fn unsubscribe(&mut self) {
         self.notified = None;
         self.disarm_timer();
+    }
+}
+
+/// What the line of a passive signal (quarantine, an open breaker) says about admitting a
+/// call right now. See [`PassiveGate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassiveCheck {
+    /// Calls may pass.
+    Open,
+    /// Shut for a reason that is not passive (an operator's forced-open breaker, a half-open
+    /// breaker with no free permit), until some line of the card changes.
+    Shut,
+    /// Shut by the passive signal itself — until the instant, if it has one — unless no peer
+    /// is eligible (then calls are admitted anyway).
+    Passive(Option<Instant>),
+}
+
+/// Why [`PassiveGate::poll_open`] returned `Ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassiveOpened {
+    /// The line is open.
+    Open,
+    /// The line is shut by its passive signal, but no peer is eligible: the call is admitted
+    /// anyway ([`Admission::Degraded`]).
+    Degraded,
+    /// The instant of a [`PassiveCheck::Passive`] has passed.
+    DeadlinePassed,
+}
+
+/// The gate of a passive line: like [`Gate`], and while its line is shut by the passive signal
+/// it also applies the one rule of [`peers`](crate::peers) — shut while an eligible peer (the
+/// *witness*) takes the calls, open ([`PassiveOpened::Degraded`]) when none does.
+///
+/// While shut it waits on its own card (and the line's instant), on the witness's card, and on
+/// members leaving the peer set: when the last eligible peer stops being eligible or leaves,
+/// the task is woken and the call goes through. Quarantine and the breaker build their
+/// `poll_ready` on it, so they and a balancer (which asks [`EndpointCard::admission`]) always
+/// agree.
+pub struct PassiveGate {
+    gate: Gate,
+    watch: Option<WitnessWatch>,
+}
+
+struct WitnessWatch {
+    peers: Peers,
+    witness: Witness,
+    changed: Changed,
+    left: Pin<Box<OwnedNotified>>,
+}
+
+impl fmt::Debug for PassiveGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PassiveGate")
+            .field("gate", &self.gate)
+            .field(
+                "kept_shut_by",
+                &self.watch.as_ref().map(|w| w.witness.card.target()),
+            )
+            .finish()
+    }
+}
+
+impl Clone for PassiveGate {
+    fn clone(&self) -> Self {
+        PassiveGate::new(self.gate.card.clone())
+    }
+}
+
+impl PassiveGate {
+    /// A passive gate on `card`.
+    pub fn new(card: EndpointCard) -> Self {
+        PassiveGate {
+            gate: Gate::new(card),
+            watch: None,
+        }
+    }
+
+    /// The card this gate watches.
+    pub fn card(&self) -> &EndpointCard {
+        &self.gate.card
+    }
+
+    /// The eligible peer that keeps the line shut, while it waits.
+    pub fn witness(&self) -> Option<&EndpointCard> {
+        self.watch.as_ref().map(|w| &w.witness.card)
+    }
+
+    /// `Ready` once `check` says [`PassiveCheck::Open`], its instant passes, or its passive
+    /// signal shuts the line while no peer is eligible; `Pending` otherwise, with `cx`'s waker
+    /// registered on the card (and timer), and on the witness and the peer set when there is
+    /// one.
+    pub fn poll_open<F>(&mut self, cx: &mut Context<'_>, mut check: F) -> Poll<PassiveOpened>
+    where
+        F: FnMut(&EndpointCard) -> PassiveCheck,
+    {
+        loop {
+            let hint = self.watch.as_ref().map(|w| w.witness.clone());
+            let mut degraded = false;
+            let mut found: Option<Witness> = None;
+            let opened = self.gate.poll_open(cx, |card| {
+                degraded = false;
+                found = None;
+                match check(card) {
+                    PassiveCheck::Open => GateCheck::Open,
+                    PassiveCheck::Shut => GateCheck::Shut,
+                    PassiveCheck::Passive(until) => {
+                        match card.admission_with_hint(hint.as_ref()) {
+                            Admission::Degraded => {
+                                degraded = true;
+                                return GateCheck::Open;
+                            }
+                            Admission::Shut { witness } => found = witness,
+                            // The card says eligible while the line says shut: the line's
+                            // own state is a moment ahead; it wins.
+                            Admission::Eligible => {}
+                        }
+                        until.map_or(GateCheck::Shut, GateCheck::ShutUntil)
+                    }
+                }
+            });
+            match opened {
+                Poll::Ready(Opened::Open) => {
+                    self.watch = None;
+                    return Poll::Ready(if degraded {
+                        PassiveOpened::Degraded
+                    } else {
+                        PassiveOpened::Open
+                    });
+                }
+                Poll::Ready(Opened::DeadlinePassed) => {
+                    self.watch = None;
+                    return Poll::Ready(PassiveOpened::DeadlinePassed);
+                }
+                Poll::Pending => {}
+            }
+            let Some(witness) = found else {
+                self.watch = None;
+                return Poll::Pending;
+            };
+            if self.watch.as_ref().is_none_or(|w| w.witness != witness) {
+                let Some(peers) = self.gate.card.peers() else {
+                    self.watch = None;
+                    continue;
+                };
+                let watch = self.watch.insert(WitnessWatch {
+                    changed: witness.card.changed(),
+                    left: Box::pin(peers.member_left()),
+                    peers,
+                    witness,
+                });
+                // Subscribed; look again, so that a change in between is not lost.
+                if !watch.peers.witness_holds(&watch.witness) {
+                    continue;
+                }
+            }
+            let watch = self
+                .watch
+                .as_mut()
+                .expect("watching while shut by a witness");
+            if Pin::new(&mut watch.changed).poll(cx).is_ready()
+                || watch.left.as_mut().poll(cx).is_ready()
+            {
+                self.watch = None;
+                continue;
+            }
+            return Poll::Pending;
+        }
     }
 }

@@ -55,6 +55,8 @@
 pub mod card;
 pub mod classify;
 pub mod gate;
+pub mod peers;
+pub mod transport;
 
 #[doc(inline)]
 pub use card::{
@@ -67,4 +69,6 @@ pub use classify::{
     OutcomeSource, ResponseFuture, Verdict, code_name, error_chain,
 };
 #[doc(inline)]
-pub use gate::{Gate, GateCheck, Opened};
+pub use gate::{Gate, GateCheck, Opened, PassiveCheck, PassiveGate, PassiveOpened};
+#[doc(inline)]
+pub use peers::{Admission, Peers, Witness};

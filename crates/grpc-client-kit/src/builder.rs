@@ -32,6 +32,7 @@ use crate::template::EndpointTemplate;
 /// | [`breaker`](Self::breaker) | open after 5 consecutive failures, for 5 s (growing) |
 /// | [`strategy`](Self::strategy) | round-robin |
 /// | [`wait_for_ready`](Self::wait_for_ready) | `false`: fail at once when nothing is eligible |
+/// | [`connecting_wait`](Self::connecting_wait) | 5 s: a call made while targets are connecting waits for their first verdicts |
 /// | [`transparent_retry`](Self::transparent_retry) | `true`: a call no backend acted on goes to another target |
 /// | [`dns`](Self::dns) | re-resolve by TTL, between 1 s and 30 s |
 ///
@@ -202,6 +203,18 @@ impl KitBuilder {
         self
     }
 
+    /// How long a call waits while targets are *connecting* (no health verdict yet, or a
+    /// `dns:` name not resolved yet) and none is eligible, before it fails — as gRPC queues
+    /// calls while a channel connects. The call's own deadline bounds it too, and it fails at
+    /// once when every target has evidence against it. Default 5 s, the default probe timeout
+    /// (by then every target has a first verdict): raise it with the probe timeout.
+    /// `Duration::ZERO` never waits.
+    #[must_use]
+    pub fn connecting_wait(mut self, wait: Duration) -> Self {
+        self.balance.connecting_wait = wait;
+        self
+    }
+
     /// With [`wait_for_ready`](Self::wait_for_ready): the longest a call waits.
     #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
@@ -296,17 +309,21 @@ impl KitBuilder {
             TargetSpec::Dns(_) => static_count = 0,
         }
         #[cfg(feature = "metrics")]
-        let health_events = registry.checker.as_ref().map(crate::metrics::subscribe_health);
+        let health_events = registry
+            .checker
+            .as_ref()
+            .map(crate::metrics::subscribe_health);
         if let Some(checker) = &registry.checker {
             checker.start(probes).map_err(|e| {
                 InvalidConfig::new("health", "", format!("{e}")).with_source(Box::new(e))
             })?;
         }
         let strategy = balance.strategy.name();
-        let balance = Balance::new(KitDiscover::new(initial, changes_rx), balance).map_err(|e| {
-            let (field, value) = (e.field().to_owned(), e.value().to_owned());
-            InvalidConfig::from_layer("", &field, &value, e)
-        })?;
+        let balance =
+            Balance::new(KitDiscover::new(initial, changes_rx), balance).map_err(|e| {
+                let (field, value) = (e.field().to_owned(), e.value().to_owned());
+                InvalidConfig::from_layer("", &field, &value, e)
+            })?;
         let state = Arc::new(KitState::default());
         #[cfg_attr(not(any(feature = "dns", feature = "metrics")), allow(unused_mut))]
         let mut tasks = Vec::new();
@@ -382,7 +399,9 @@ impl KitBuilder {
                     ))
                 }
             }
-            (Some(one), None) => Ok(TargetSpec::Static(vec![self.resolve_static("target", one)?])),
+            (Some(one), None) => Ok(TargetSpec::Static(vec![
+                self.resolve_static("target", one)?,
+            ])),
             (None, Some(list)) => {
                 if list.is_empty() {
                     return Err(InvalidConfig::new(

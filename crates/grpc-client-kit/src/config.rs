@@ -98,6 +98,10 @@ pub struct KitConfig {
     /// With `wait_for_ready`: the longest wait.
     #[serde(default, with = "humantime_serde")]
     pub max_wait: Option<Duration>,
+    /// How long a call waits while targets are connecting (default 5 s; see
+    /// [`KitBuilder::connecting_wait`]).
+    #[serde(default, with = "humantime_serde")]
+    pub connecting_wait: Option<Duration>,
     /// Whether a call no backend acted on is sent once more, to another target
     /// (default `true`; see [`KitBuilder::transparent_retry`]).
     #[serde(default)]
@@ -133,9 +137,13 @@ pub struct HealthSection {
     /// The service name asked about (`""`: the whole server).
     #[serde(default)]
     pub service: Option<String>,
-    /// Count `UNIMPLEMENTED` as healthy.
+    /// Count `UNIMPLEMENTED` as healthy (default `true`, as gRPC's clients do: gRFC A17).
     #[serde(default)]
     pub unimplemented_is_healthy: Option<bool>,
+    /// An HTTP/2 keepalive for probe connections only (default: none of the checker's own;
+    /// see [`HealthConfig::probe_keepalive`]).
+    #[serde(default, with = "humantime_serde")]
+    pub probe_keepalive: Option<Duration>,
     /// At most this many probes at once.
     #[serde(default)]
     pub max_concurrent_probes: Option<usize>,
@@ -400,6 +408,9 @@ impl KitConfig {
         if let Some(max_wait) = self.max_wait {
             balance = balance.max_wait(max_wait);
         }
+        if let Some(wait) = self.connecting_wait {
+            balance = balance.connecting_wait(wait);
+        }
         if let Some(seed) = self.seed {
             balance = balance.seed(seed);
         }
@@ -480,6 +491,9 @@ impl HealthSection {
         if let Some(v) = &self.service {
             c = c.service(v.clone());
         }
+        if let Some(keepalive) = self.probe_keepalive {
+            c = c.probe_keepalive(Some(keepalive));
+        }
         if let Some(v) = self.unimplemented_is_healthy {
             c = c.unimplemented_is_healthy(v);
         }
@@ -553,7 +567,8 @@ impl BreakerSection {
         }
         let mut c = BreakerConfig::default();
         if let Some(trip) = &self.trip {
-            let rate = trip.threshold.is_some() || trip.window.is_some() || trip.min_calls.is_some();
+            let rate =
+                trip.threshold.is_some() || trip.window.is_some() || trip.min_calls.is_some();
             match (trip.consecutive_failures, rate) {
                 (Some(n), false) => c = c.consecutive_failures(n),
                 (Some(n), true) => {

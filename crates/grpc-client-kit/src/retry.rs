@@ -21,7 +21,6 @@
 
 use std::error::Error;
 use std::fmt;
-use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -30,6 +29,8 @@ use bytes::Bytes;
 use http::{Extensions, HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use tonic::Status;
+
+use endpoint_state::transport::{never_sent, refused_by_server};
 
 use crate::kit::{Life, lock};
 use crate::stack::Request;
@@ -115,7 +116,11 @@ impl fmt::Debug for Unsent {
 impl Unsent {
     /// The request to send down (same head, body in a [`Handoff`]), and what is kept to send
     /// it again.
-    pub(crate) fn split(req: Request, retrier: &mut Retrier, life: &Arc<Life>) -> (Request, Unsent) {
+    pub(crate) fn split(
+        req: Request,
+        retrier: &mut Retrier,
+        life: &Arc<Life>,
+    ) -> (Request, Unsent) {
         let (mut parts, body) = req.into_parts();
         let shared = retrier.shared(life);
         let unsent = Unsent {
@@ -154,52 +159,6 @@ impl Unsent {
         *req.extensions_mut() = self.extensions;
         Some((req, self.shared))
     }
-}
-
-/// Whether `error` proves that the request never reached a connection: connecting to the
-/// target was refused (or there was no route to it, or no local address), or the connection
-/// closed before taking the request from its queue (hyper's "operation was canceled").
-///
-/// These all come at once, so the retry still has the caller's time budget (its
-/// `grpc-timeout` header is sent again unchanged). A connect timeout, or a host found
-/// unreachable only after address resolution timed out, may take seconds and is not retried.
-/// A reset or a broken pipe after the request went out are not either: the backend may have
-/// acted on the call (a stream the backend refused is [`refused_by_server`]).
-pub(crate) fn never_sent(error: &(dyn Error + 'static)) -> bool {
-    let mut cur = Some(error);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            return matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionRefused
-                    | io::ErrorKind::NetworkUnreachable
-                    | io::ErrorKind::AddrNotAvailable
-            );
-        }
-        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
-            return hyper.is_canceled();
-        }
-        cur = e.source();
-    }
-    false
-}
-
-/// Whether `error` is the backend refusing the call's stream, which HTTP/2 defines as "not
-/// processed, safe to retry": its `GOAWAY` named a last stream below this one (or arrived
-/// before this one was opened), or it reset the stream with `REFUSED_STREAM`. h2 reports
-/// exactly these as a remote `GOAWAY` error or a remote `REFUSED_STREAM` reset on the stream;
-/// a stream the server took that then breaks reports another reset or a broken pipe.
-pub(crate) fn refused_by_server(error: &(dyn Error + 'static)) -> bool {
-    let mut cur = Some(error);
-    while let Some(e) = cur {
-        if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return h2.is_remote()
-                && (h2.is_go_away()
-                    || (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM)));
-        }
-        cur = e.source();
-    }
-    false
 }
 
 /// The data frames a [`Handoff`] passed on, while they fit in [`REPLAY_LIMIT`]: shared with
@@ -339,6 +298,7 @@ impl Body for Replay {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+    use std::io;
 
     fn request(body: &'static str) -> Request {
         let mut req = http::Request::builder()
@@ -372,7 +332,10 @@ mod tests {
     async fn an_unread_body_comes_back_with_the_whole_request() {
         let (life, mut retrier) = (life(), Retrier::default());
         let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
-        assert!(sent.extensions().get::<u32>().is_none(), "extensions stay above");
+        assert!(
+            sent.extensions().get::<u32>().is_none(),
+            "extensions stay above"
+        );
         drop(sent); // as tonic's channel does when connecting fails
         let (again, _) = unsent.again(&refused()).expect("retryable");
         assert_eq!(again.method(), Method::POST);
@@ -458,46 +421,5 @@ mod tests {
         drop(sent3);
         let (again, _) = third.again(&refused()).expect("the third call's own body");
         assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "c");
-    }
-
-    #[test]
-    fn only_errors_that_prove_the_request_never_left_are_retried() {
-        #[derive(Debug)]
-        struct Wrap(Box<dyn Error + Send + Sync>);
-        impl fmt::Display for Wrap {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("wrapped")
-            }
-        }
-        impl Error for Wrap {
-            fn source(&self) -> Option<&(dyn Error + 'static)> {
-                Some(&*self.0)
-            }
-        }
-        for kind in [
-            io::ErrorKind::ConnectionRefused,
-            io::ErrorKind::NetworkUnreachable,
-            io::ErrorKind::AddrNotAvailable,
-        ] {
-            assert!(never_sent(&Wrap(Box::new(io::Error::from(kind)))), "{kind:?}");
-        }
-        for kind in [
-            io::ErrorKind::ConnectionReset,
-            io::ErrorKind::BrokenPipe,
-            io::ErrorKind::TimedOut,
-            io::ErrorKind::HostUnreachable,
-            io::ErrorKind::UnexpectedEof,
-        ] {
-            assert!(!never_sent(&Wrap(Box::new(io::Error::from(kind)))), "{kind:?}");
-        }
-        assert!(!never_sent(&Status::unavailable("backend said so")));
-        // Resets the server sent: only REFUSED_STREAM says it did not process the stream (and
-        // h2 makes no remote GOAWAY error outside a connection; tests/retry.rs has one).
-        assert!(!refused_by_server(&h2::Error::from(h2::Reason::CANCEL)));
-        assert!(!refused_by_server(&io::Error::from(io::ErrorKind::ConnectionReset)));
-        // The kit's transport errors carry a status whose source is the cause.
-        let mut status = Status::unavailable("b0: transport error");
-        status.set_source(Arc::new(io::Error::from(io::ErrorKind::ConnectionRefused)));
-        assert!(never_sent(&Wrap(Box::new(status))));
     }
 }

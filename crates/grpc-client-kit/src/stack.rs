@@ -43,8 +43,9 @@ pub(crate) type LeafBody = ClassifiedBody<tonic::body::Body, crate::metrics::Cal
 pub(crate) type Stack = Health<Quarantine<Breaker<Leaf>>>;
 
 /// The response body of a stack.
-pub(crate) type StackBody =
-    quarantine_layer::future::ResponseBody<ClassifiedBody<LeafBody, breaker_layer::future::Recorder>>;
+pub(crate) type StackBody = quarantine_layer::future::ResponseBody<
+    ClassifiedBody<LeafBody, breaker_layer::future::Recorder>,
+>;
 
 /// A change of the target set, as the balancer takes it.
 pub(crate) type TargetChange = Change<Arc<str>, Stack>;

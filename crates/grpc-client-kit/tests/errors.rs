@@ -38,6 +38,63 @@ async fn no_healthy_target_is_unavailable_naming_every_target_and_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_breaker_is_unavailable_naming_the_target_and_when_it_retries() {
+    // An open breaker refuses only beside other reasons: here b1 is not serving, and b0's
+    // breaker is open while its health check is failing too.
+    let backends = Backends::start(2).await.unwrap();
+    let kit = ready_watch_kit(&backends).await;
+    let (u0, u1) = (backends[0].uri(), backends[1].uri());
+    backends[1].set_serving(false).await;
+    assert!(
+        eventually(Duration::from_secs(5), || kit.eligible_targets()
+            == [u0.clone().into()])
+        .await
+    );
+    backends[0].fail_always(Some(Code::Internal));
+    let mut client = TestServiceClient::new(kit.channel());
+    for _ in 0..5 {
+        let status = client.unary(Ping::default()).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::Internal,
+            "the backend's own status passes through"
+        );
+    }
+    assert!(matches!(
+        kit.card(&u0).unwrap().breaker_state(),
+        grpc_client_kit::state::BreakerState::Open { .. }
+    ));
+    backends[0].set_serving(false).await;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            kit.card(&u0).unwrap().health().state
+                == grpc_client_kit::health::HealthVerdict::Unhealthy
+        })
+        .await
+    );
+    let status = client.unary(Ping::default()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let message = status.message();
+    assert!(
+        message.contains(&format!(
+            "{u0}: unhealthy (NOT_SERVING); breaker open, retry in "
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("after 5 consecutive failures (last: INTERNAL"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("{u1}: unhealthy (NOT_SERVING)")),
+        "{message}"
+    );
+    assert_eq!(backends[0].hits(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_never_cuts_off_a_target_that_health_says_serves() {
+    // One target, its breaker open: passive signals never empty the choice, so calls still
+    // reach it (rather than failing with "no target"), and the first success closes it.
     let backends = Backends::start(1).await.unwrap();
     backends[0].fail_always(Some(Code::Internal));
     let kit = Kit::builder()
@@ -46,25 +103,56 @@ async fn an_open_breaker_is_unavailable_naming_the_target_and_when_it_retries() 
         .breaker(BreakerConfig::default().consecutive_failures(3))
         .build()
         .unwrap();
+    let uri = backends[0].uri();
     let mut client = TestServiceClient::new(kit.channel());
-    for _ in 0..3 {
-        // The backend's own status passes through untouched.
+    for _ in 0..4 {
         let status = client.unary(Ping::default()).await.unwrap_err();
-        assert_eq!(status.code(), Code::Internal);
+        assert_eq!(
+            status.code(),
+            Code::Internal,
+            "the backend answered: {status:?}"
+        );
     }
+    assert_eq!(
+        backends[0].hits(),
+        4,
+        "the open breaker let the 4th call through"
+    );
+    assert!(matches!(
+        kit.card(&uri).unwrap().breaker_state(),
+        grpc_client_kit::state::BreakerState::Open { .. }
+    ));
+    backends[0].fail_always(None);
+    client.unary(Ping::default()).await.unwrap();
+    assert_eq!(
+        kit.card(&uri).unwrap().breaker_state(),
+        grpc_client_kit::state::BreakerState::Closed,
+        "a success of a call admitted that way closes the breaker"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_open_breaker_is_unavailable_naming_the_target() {
+    // An operator's forced-open breaker is not a passive signal: it holds.
+    let backends = Backends::start(1).await.unwrap();
+    let kit = Kit::builder()
+        .targets(backends.uris())
+        .without_health()
+        .build()
+        .unwrap();
+    let uri = backends[0].uri();
+    kit.breaker(&uri)
+        .unwrap()
+        .force_open(Some("maintenance".into()));
+    let mut client = TestServiceClient::new(kit.channel());
     let status = client.unary(Ping::default()).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     let message = status.message();
-    let uri = backends[0].uri();
     assert!(
-        message.contains(&format!("{uri}: breaker open, retry in ")),
+        message.contains(&format!("{uri}: breaker forced open after maintenance")),
         "{message}"
     );
-    assert!(
-        message.contains("after 3 consecutive failures (last: INTERNAL"),
-        "{message}"
-    );
-    assert_eq!(backends[0].hits(), 3, "the open breaker let a call through");
+    assert_eq!(backends[0].hits(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

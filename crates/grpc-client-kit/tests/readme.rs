@@ -15,6 +15,10 @@ const EXAMPLES: &[(&str, &str)] = &[
         "balance_channel.rs",
         include_str!("../examples/balance_channel.rs"),
     ),
+    (
+        "from_balance_list.rs",
+        include_str!("../examples/from_balance_list.rs"),
+    ),
 ];
 const KIT_TOML: &str = include_str!("../../../examples/kit.toml");
 

@@ -22,7 +22,8 @@ use crate::error::{
     TargetRefused,
 };
 use crate::layer::HealthLayer;
-use crate::probe::{self, ProbeError, ProbeFailure, ServingStatus};
+use crate::probe::far_future;
+use crate::probe::{self, ConnectionEnd, ProbeConn, ProbeError, ProbeFailure, ServingStatus};
 use crate::schedule;
 
 /// Locks a mutex, carrying on after a panic elsewhere (every critical section here leaves the
@@ -175,12 +176,20 @@ struct Entry {
     endpoint: Option<Endpoint>,
     service: Arc<str>,
     state: Mutex<EntryState>,
-    /// The probe channel, kept between passing probes.
-    channel: Mutex<Option<Channel>>,
+    /// The probe connection, kept between passing probes.
+    channel: Mutex<Option<ProbeConn>>,
     /// Woken whenever the target's next check instant changes.
     reschedule: Notify,
     task: Mutex<Option<JoinHandle<()>>>,
     removed: AtomicBool,
+    /// The HTTP/2 keepalive of this target's new probe connections, when the checker sets one:
+    /// [`HealthConfig::probe_keepalive`], doubled on each `too_many_pings` (gRFC A8).
+    keepalive: Mutex<Option<Duration>>,
+    /// Whether an `UNIMPLEMENTED` counted as healthy has been logged for this target.
+    unimplemented_logged: AtomicBool,
+    /// Held while a probe of the target runs: a scheduled probe and `check_now` take turns
+    /// (one connection, one result at a time).
+    probing: tokio::sync::Mutex<()>,
 }
 
 impl Entry {
@@ -440,7 +449,7 @@ impl HealthChecker {
                 tracing::info!(target = %entry.name, error = %e.reason(), "health check target refused");
                 return Err(refuse(&entry.name, RefusedBecause::Probe(e)));
             }
-            other => shared.judge(other),
+            other => shared.judge(&entry, other),
         };
         {
             let lifecycle = lock(&shared.lifecycle);
@@ -710,16 +719,9 @@ impl Shared {
             http.url_for(endpoint.uri())
                 .map_err(|e| InvalidTarget::new(name.clone(), e))?;
         }
-        let endpoint = match (&self.config.mode, endpoint) {
-            (ProbeMode::Watch, Some(e)) => Some(
-                e.http2_keep_alive_interval(WATCH_KEEPALIVE)
-                    .keep_alive_timeout(self.config.timeout),
-            ),
-            (_, e) => e,
-        };
-        let first_check = (!self.config.interval.is_zero()
-            && !matches!(self.config.mode, ProbeMode::Watch))
-        .then(Instant::now);
+        // Each target is probed once when it is added, even with interval 0 (then only on
+        // demand); `Watch` mode subscribes instead.
+        let first_check = (!matches!(self.config.mode, ProbeMode::Watch)).then(Instant::now);
         Ok(Arc::new(Entry {
             card: card.unwrap_or_else(|| EndpointCard::new(name.clone())),
             name,
@@ -736,6 +738,9 @@ impl Shared {
             reschedule: Notify::new(),
             task: Mutex::new(None),
             removed: AtomicBool::new(false),
+            keepalive: Mutex::new(self.config.probe_keepalive),
+            unimplemented_logged: AtomicBool::new(false),
+            probing: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -778,70 +783,165 @@ impl Shared {
         }
     }
 
-    /// A target's life in `Watch` mode: subscribe, publish every message, and when the stream
-    /// breaks mark the target unhealthy and re-subscribe after the backoff.
+    /// A target's life in `Watch` mode: subscribe on a new connection, publish every message;
+    /// when the server ends a stream that had answered (or closes its connection),
+    /// re-subscribe at once keeping the verdict; when a subscription fails, publish the
+    /// evidence and retry after the backoff.
     async fn watch_loop(self: Arc<Self>, entry: Arc<Entry>) {
+        let initial = self.config.watch_backoff.initial;
+        // Consecutive re-subscriptions without a message in between.
         let mut attempt: u32 = 0;
+        // When the last immediate re-subscription was made.
+        let mut last_quick: Option<Instant> = None;
         loop {
-            let error = self.watch_stream(&entry, &mut attempt).await;
+            let end = self.watch_stream(&entry, &mut attempt).await;
+            let error = end.error();
             tracing::debug!(target = %entry.name, error = %error.reason(), attempt, "health watch stream ended");
-            // The health protocol says a client should not retry a `Watch` that is
-            // UNIMPLEMENTED; we retry only at the longest backoff, so that a server that gains
-            // the health service is watched again eventually.
             let unimplemented = error.code() == Some(Code::Unimplemented);
-            let evidence = self.judge(Err(error));
-            self.publish(&entry, evidence, true);
-            let delay = if unimplemented {
-                self.config.watch_backoff.max
-            } else {
-                schedule::watch_delay(&self.config.watch_backoff, attempt, schedule::unit_random())
-            };
-            attempt = attempt.saturating_add(1);
-            tokio::time::sleep(delay).await;
+            let keep = matches!(end, WatchEnd::Failed(_))
+                && unimplemented
+                && self.config.unimplemented_is_healthy;
+            if !keep {
+                self.connection_done(&entry, error);
+            }
+            match end {
+                WatchEnd::Closed(_) => {
+                    // No evidence against the target: the server closed a stream that had
+                    // answered (max connection age or idleness, a restart, too many pings).
+                    // Once per `initial` at most, so that a server that closes every stream
+                    // at once costs one subscription per `initial` (1 s), not a loop.
+                    let now = Instant::now();
+                    if last_quick.is_none_or(|t| now.saturating_duration_since(t) >= initial) {
+                        last_quick = Some(now);
+                        continue;
+                    }
+                    let delay = schedule::watch_delay(
+                        &self.config.watch_backoff,
+                        attempt,
+                        schedule::unit_random(),
+                    );
+                    attempt = attempt.saturating_add(1);
+                    tokio::time::sleep(delay).await;
+                    last_quick = Some(Instant::now());
+                }
+                WatchEnd::Failed(error) | WatchEnd::Silent(error) => {
+                    if keep {
+                        let evidence = self.judge(&entry, Err(error));
+                        self.publish(&entry, evidence, false);
+                        // gRFC A17: no `Watch` again on this connection; a new one restarts it.
+                        attempt = 0;
+                        self.hold_without_watch(&entry).await;
+                        continue;
+                    }
+                    let evidence = self.judge(&entry, Err(error));
+                    self.publish(&entry, evidence, true);
+                    // The health protocol says a client should not retry a `Watch` that is
+                    // UNIMPLEMENTED; we retry only at the longest backoff, so that a server that
+                    // gains the health service is watched again eventually.
+                    let delay = if unimplemented {
+                        self.config.watch_backoff.max
+                    } else {
+                        schedule::watch_delay(
+                            &self.config.watch_backoff,
+                            attempt,
+                            schedule::unit_random(),
+                        )
+                    };
+                    attempt = attempt.saturating_add(1);
+                    tokio::time::sleep(delay).await;
+                }
+            }
         }
     }
 
-    /// One `Watch` subscription, until it breaks. Returns why it broke.
-    async fn watch_stream(&self, entry: &Entry, attempt: &mut u32) -> ProbeError {
+    /// One `Watch` subscription on a new connection, until it ends. The first message must come
+    /// within the probe timeout; after that, a stream silent for an interval has its connection
+    /// verified with a `Check` on it.
+    async fn watch_stream(&self, entry: &Entry, attempt: &mut u32) -> WatchEnd {
         let permit = self.probes.acquire().await.expect("never closed");
         let limit = self.config.timeout;
-        let deadline = Instant::now() + limit;
-        let channel = match self.connect(entry, deadline).await {
+        let deadline = Instant::now().checked_add(limit).unwrap_or_else(far_future);
+        let conn = match self.connect(entry, deadline).await {
             Ok(c) => c,
-            Err(e) => return e,
+            Err(e) => return WatchEnd::Failed(e),
         };
-        *lock(&entry.channel) = Some(channel.clone());
-        let mut stream =
-            match probe::watch_on(channel, &entry.name, &entry.service, deadline, limit).await {
-                Ok(s) => s,
-                Err(e) => return e,
-            };
+        let channel = conn.channel.clone();
+        *lock(&entry.channel) = Some(conn);
+        let mut stream = match probe::watch_on(
+            channel.clone(),
+            &entry.name,
+            &entry.service,
+            deadline,
+            limit,
+        )
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => return WatchEnd::Failed(e),
+        };
         let mut permit = Some(permit);
+        let mut answered = false;
+        let interval = self.config.interval;
+        let quiet = tokio::time::sleep_until(far_future());
+        let mut quiet = std::pin::pin!(quiet);
+        let mut verify: Option<ProbeFuture<'_, ServingStatus>> = None;
         loop {
-            let next = if permit.is_some() {
-                // The set-up (connect, headers, first message) is bounded by the timeout.
-                match tokio::time::timeout_at(deadline, stream.message()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        return ProbeError::new(
-                            entry.name.clone(),
-                            ProbeFailure::Rpc {
-                                service: entry.service.clone(),
-                                status: tonic::Status::deadline_exceeded(format!(
-                                    "no Watch message within {}",
-                                    probe::Secs(limit)
-                                )),
-                            },
-                        );
-                    }
+            let next = tokio::select! {
+                biased;
+                next = stream.message() => next,
+                () = tokio::time::sleep_until(deadline), if permit.is_some() => {
+                    return WatchEnd::Failed(ProbeError::new(
+                        entry.name.clone(),
+                        ProbeFailure::Rpc {
+                            service: entry.service.clone(),
+                            status: tonic::Status::deadline_exceeded(format!(
+                                "no Watch message within {}",
+                                probe::Secs(limit)
+                            )),
+                        },
+                    ));
                 }
-            } else {
-                stream.message().await
+                () = quiet.as_mut(), if answered && verify.is_none() => {
+                    let request = tonic::Request::new(HealthCheckRequest {
+                        service: entry.service.to_string(),
+                    });
+                    verify = Some(Box::pin(probe::check_on(
+                        channel.clone(),
+                        &entry.name,
+                        request,
+                        limit,
+                    )));
+                    continue;
+                }
+                result = async { verify.as_mut().expect("guarded").await }, if verify.is_some() => {
+                    verify = None;
+                    match result {
+                        Err(e) if e.code() == Some(Code::DeadlineExceeded) && !e.connection_ended() => {
+                            return WatchEnd::Silent(e);
+                        }
+                        Err(e) if e.connection_ended() => return WatchEnd::Closed(e),
+                        // The server answered: the connection is alive.
+                        _ => {}
+                    }
+                    quiet.as_mut().reset(quiet_until(interval));
+                    continue;
+                }
             };
             permit = None;
+            let ended = |e: ProbeError| {
+                if answered {
+                    WatchEnd::Closed(e)
+                } else {
+                    WatchEnd::Failed(e)
+                }
+            };
             match next {
                 Ok(Some(response)) => {
+                    answered = true;
                     *attempt = 0;
+                    // A message proves the connection alive.
+                    verify = None;
+                    quiet.as_mut().reset(quiet_until(interval));
                     let status = probe::serving_status(response.status);
                     let evidence = if status == ServingStatus::Serving {
                         Evidence::Healthy { note: None }
@@ -861,38 +961,145 @@ impl Shared {
                     self.publish(entry, evidence, false);
                 }
                 Ok(None) => {
-                    return ProbeError::new(
+                    return ended(ProbeError::new(
                         entry.name.clone(),
                         ProbeFailure::Rpc {
                             service: entry.service.clone(),
                             status: tonic::Status::unavailable("the server ended the Watch stream"),
                         },
-                    );
+                    ));
                 }
                 Err(status) => {
-                    return ProbeError::new(
-                        entry.name.clone(),
-                        ProbeFailure::Rpc {
-                            service: entry.service.clone(),
-                            status: probe::transport_is_unavailable(status),
-                        },
+                    let end = ConnectionEnd::of(&status);
+                    return ended(
+                        ProbeError::new(
+                            entry.name.clone(),
+                            ProbeFailure::Rpc {
+                                service: entry.service.clone(),
+                                status: probe::transport_is_unavailable(status),
+                            },
+                        )
+                        .with_end(end),
                     );
                 }
             }
         }
     }
 
-    async fn connect(&self, entry: &Entry, deadline: Instant) -> Result<Channel, ProbeError> {
-        let endpoint = entry
-            .endpoint
+    /// A target whose server answered `Watch` with `UNIMPLEMENTED` (counted as healthy): no
+    /// new `Watch` on this connection (gRFC A17). Every interval one `Check` verifies the
+    /// connection (any answer will do). Returns when the connection has ended (the caller
+    /// subscribes again on a new one, as gRPC restarts health checking with each connection),
+    /// or after a verification found no answer within the timeout (published as evidence,
+    /// and waited out by the backoff).
+    async fn hold_without_watch(&self, entry: &Entry) {
+        let interval = self.config.interval;
+        if interval.is_zero() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(conn) = lock(&entry.channel).clone() else {
+                return;
+            };
+            let request = tonic::Request::new(HealthCheckRequest {
+                service: entry.service.to_string(),
+            });
+            let result = {
+                let _permit = self.probes.acquire().await.expect("never closed");
+                probe::check_on(conn.channel, &entry.name, request, self.config.timeout).await
+            };
+            match result {
+                Err(e) if e.connection_ended() => {
+                    self.connection_done(entry, &e);
+                    return;
+                }
+                Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
+                    let evidence = self.judge(entry, Err(e));
+                    self.publish(entry, evidence, true);
+                    let delay = schedule::watch_delay(
+                        &self.config.watch_backoff,
+                        0,
+                        schedule::unit_random(),
+                    );
+                    tokio::time::sleep(delay).await;
+                    return;
+                }
+                // Answered (UNIMPLEMENTED, or a status): the connection is alive.
+                _ => {}
+            }
+        }
+    }
+
+    /// The target's probe connection is done (its stream or a check on it failed, or the
+    /// server closed it): drop it, and if the server's `GOAWAY` said `too_many_pings`, slow
+    /// the target's pings down (gRFC A8).
+    fn connection_done(&self, entry: &Entry, error: &ProbeError) {
+        let conn = lock(&entry.channel).take();
+        let goaway = conn.as_ref().and_then(ProbeConn::take_goaway);
+        if let Some(goaway) = &goaway {
+            tracing::debug!(target = %entry.name, %goaway, "health probe connection closed by the server");
+        }
+        if error.is_too_many_pings() || goaway.is_some_and(|g| g.is_too_many_pings()) {
+            self.slow_pings(entry);
+        }
+    }
+
+    /// After a check that passed on a kept channel: tonic may have reconnected it silently
+    /// after the server closed the old connection. If the server did so for too many pings,
+    /// slow the pings down (gRFC A8) and let the next probe connect anew with them.
+    fn after_check(&self, entry: &Entry) {
+        let goaway = lock(&entry.channel)
             .as_ref()
+            .and_then(ProbeConn::take_goaway);
+        if let Some(goaway) = goaway {
+            tracing::debug!(target = %entry.name, %goaway, "health probe connection closed by the server");
+            if goaway.is_too_many_pings() {
+                self.slow_pings(entry);
+                drop(lock(&entry.channel).take());
+            }
+        }
+    }
+
+    /// gRFC A8: the server closed a probe connection with `too_many_pings`. Double the
+    /// target's keepalive for its new connections (from 5 minutes, what servers accept by
+    /// default, when the refused value is the template's own and cannot be read back).
+    fn slow_pings(&self, entry: &Entry) {
+        let mut keepalive = lock(&entry.keepalive);
+        let next = match *keepalive {
+            Some(interval) => interval.saturating_mul(2),
+            None => SERVER_PING_FLOOR,
+        };
+        *keepalive = Some(next);
+        tracing::warn!(
+            target = %entry.name,
+            keepalive = ?next,
+            "health probe connection closed by the server: GOAWAY too_many_pings; its new \
+             connections ping at most every {} (gRFC A8)",
+            probe::Secs(next)
+        );
+    }
+
+    /// Connects a new probe channel for `entry`: its endpoint, with the checker's keepalive
+    /// when it sets one.
+    async fn connect(&self, entry: &Entry, deadline: Instant) -> Result<ProbeConn, ProbeError> {
+        let mut endpoint = entry
+            .endpoint
+            .clone()
             .expect("gRPC probe modes always resolve an endpoint");
+        if let Some(interval) = *lock(&entry.keepalive) {
+            endpoint = endpoint.http2_keep_alive_interval(interval);
+        }
+        let endpoint = &endpoint;
         let limit = self.config.timeout;
         match &self.config.connector {
             None => probe::connect_until(&entry.name, endpoint, deadline, limit).await,
             Some(connector) => {
                 match tokio::time::timeout_at(deadline, connector(endpoint.clone())).await {
-                    Ok(Ok(channel)) => Ok(channel),
+                    Ok(Ok(channel)) => Ok(ProbeConn {
+                        channel,
+                        frames: None,
+                    }),
                     Ok(Err(e)) => Err(ProbeError::new(
                         entry.name.clone(),
                         ProbeFailure::Connect {
@@ -929,17 +1136,41 @@ impl Shared {
         }
     }
 
+    /// One `Check` on the target's kept channel (connecting one if there is none). When the
+    /// kept connection turns out to be gone — the server closed it (max connection age or
+    /// idleness, a restart), which says nothing against the target — the check is made once
+    /// more on a new connection, within the same time limit.
     async fn grpc_check(&self, entry: &Entry, limit: Duration) -> Result<(), ProbeError> {
-        let deadline = Instant::now() + limit;
-        let existing = lock(&entry.channel).clone();
-        let channel = match existing {
-            Some(channel) => channel,
-            None => {
-                let channel = self.connect(entry, deadline).await?;
-                lock(&entry.channel).get_or_insert_with(|| channel.clone());
-                channel
-            }
+        let deadline = Instant::now().checked_add(limit).unwrap_or_else(far_future);
+        let kept = lock(&entry.channel).clone();
+        let conn = match kept {
+            Some(conn) => match self.check_on(entry, conn.channel, deadline).await {
+                Ok(()) => {
+                    self.after_check(entry);
+                    return Ok(());
+                }
+                Err(e) if e.connection_ended() => {
+                    tracing::debug!(target = %entry.name, error = %e.reason(), "health probe connection ended; checking on a new one");
+                    self.connection_done(entry, &e);
+                    self.connect(entry, deadline).await?
+                }
+                other => return other,
+            },
+            None => self.connect(entry, deadline).await?,
         };
+        let channel = conn.channel.clone();
+        lock(&entry.channel).get_or_insert(conn);
+        let result = self.check_on(entry, channel, deadline).await;
+        self.after_check(entry);
+        result
+    }
+
+    async fn check_on(
+        &self,
+        entry: &Entry,
+        channel: Channel,
+        deadline: Instant,
+    ) -> Result<(), ProbeError> {
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
@@ -959,11 +1190,12 @@ impl Shared {
     }
 
     async fn probe_and_publish(&self, entry: &Entry) {
+        let _turn = entry.probing.lock().await;
         let result = {
             let _permit = self.probes.acquire().await.expect("never closed");
             self.probe(entry).await
         };
-        let evidence = self.judge(result);
+        let evidence = self.judge(entry, result);
         self.publish(entry, evidence, true);
     }
 
@@ -972,12 +1204,23 @@ impl Shared {
             && matches!(error.failure(), ProbeFailure::Rpc { status, .. } if status.code() == Code::Unimplemented)
     }
 
-    fn judge(&self, result: Result<(), ProbeError>) -> Evidence {
+    fn judge(&self, entry: &Entry, result: Result<(), ProbeError>) -> Evidence {
         match result {
             Ok(()) => Evidence::Healthy { note: None },
-            Err(e) if self.unimplemented_passes(&e) => Evidence::Healthy {
-                note: Some("UNIMPLEMENTED: no health service; counted as healthy".into()),
-            },
+            Err(e) if self.unimplemented_passes(&e) => {
+                if !entry.unimplemented_logged.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(
+                        target = %entry.name,
+                        service = %entry.service,
+                        "the server has no grpc.health.v1 health service (UNIMPLEMENTED): \
+                         counted as healthy, as gRPC's client health checking does (gRFC A17); \
+                         unimplemented_is_healthy(false) requires the service"
+                    );
+                }
+                Evidence::Healthy {
+                    note: Some("UNIMPLEMENTED: no health service; counted as healthy".into()),
+                }
+            }
             Err(e) => Evidence::Unhealthy {
                 reason: e.reason().into(),
             },
@@ -1078,9 +1321,43 @@ impl Shared {
     }
 }
 
-/// How often a `Watch` connection is pinged (HTTP/2 keep-alive) so that a dead peer is found
-/// within one ping plus the probe timeout rather than never.
-const WATCH_KEEPALIVE: Duration = Duration::from_secs(10);
+/// What gRPC servers accept by default: one ping without data every 5 minutes (C-core,
+/// grpc-go, grpc-java). A8's doubling starts here when the refused keepalive was the
+/// template's own.
+const SERVER_PING_FLOOR: Duration = Duration::from_secs(5 * 60);
+
+/// How a `Watch` subscription ended.
+enum WatchEnd {
+    /// The stream had answered, then ended, or its connection did: the server closed it. No
+    /// evidence against the target.
+    Closed(ProbeError),
+    /// The subscription failed before any answer: evidence.
+    Failed(ProbeError),
+    /// A silent stream's connection did not answer a `Check` within the timeout: evidence.
+    Silent(ProbeError),
+}
+
+impl WatchEnd {
+    fn error(&self) -> &ProbeError {
+        match self {
+            WatchEnd::Closed(e) | WatchEnd::Failed(e) | WatchEnd::Silent(e) => e,
+        }
+    }
+}
+
+type ProbeFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, ProbeError>> + Send + 'a>>;
+
+/// When a stream that is silent from now on gets its connection verified (never, with
+/// interval 0).
+fn quiet_until(interval: Duration) -> Instant {
+    if interval.is_zero() {
+        return far_future();
+    }
+    Instant::now()
+        .checked_add(interval)
+        .unwrap_or_else(far_future)
+}
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {

@@ -23,8 +23,19 @@ pub enum ProbeMode {
     #[default]
     Check,
     /// `grpc.health.v1.Health/Watch`: one long-lived stream per target; every message is a
-    /// verdict at once (`SERVING` healthy, anything else unhealthy). A broken stream marks the
-    /// target unhealthy and re-subscribes with [`WatchBackoff`]. The interval is not used.
+    /// verdict at once (`SERVING` healthy, anything else unhealthy).
+    ///
+    /// A stream the server ends after it has answered — a `GOAWAY` for max connection age or
+    /// idleness, a graceful restart, any closed connection — is re-subscribed at once on a new
+    /// connection, and the target keeps its verdict meanwhile: only evidence makes it
+    /// unhealthy (the new connection refused, a status other than `SERVING`, no answer within
+    /// the [`timeout`](HealthConfig::timeout)). A subscription that fails marks the target
+    /// unhealthy and is retried with [`WatchBackoff`].
+    ///
+    /// A stream that stays silent for an [`interval`](HealthConfig::interval) has its
+    /// connection verified with one `Check` on it: a call with data, which servers never count
+    /// as an abusive ping (HTTP/2 pings without data are, beyond one every 5 minutes, on
+    /// C-core, grpc-go and grpc-java servers). No answer within the timeout is evidence.
     Watch,
     /// GET a URL on each target, on its schedule. See [`HttpProbe`].
     #[cfg(feature = "http-probe")]
@@ -98,7 +109,8 @@ pub(crate) type Connector = Arc<
 /// | [`max_backoff`](Self::max_backoff) | 300 s |
 /// | [`jitter`](Self::jitter) | 0 (no spread) |
 /// | [`service`](Self::service) | `""` (the whole server) |
-/// | [`unimplemented_is_healthy`](Self::unimplemented_is_healthy) | `false` |
+/// | [`unimplemented_is_healthy`](Self::unimplemented_is_healthy) | `true` (gRFC A17) |
+/// | [`probe_keepalive`](Self::probe_keepalive) | `None`: the endpoint template's own |
 /// | [`max_concurrent_probes`](Self::max_concurrent_probes) | 100 |
 /// | [`watch_backoff`](Self::watch_backoff) | 1 s × 1.6, jitter 0.2, max 120 s |
 /// | [`events_capacity`](Self::events_capacity) | 1024 transitions per subscriber |
@@ -113,6 +125,7 @@ pub struct HealthConfig {
     pub(crate) jitter: f64,
     pub(crate) service: Arc<str>,
     pub(crate) unimplemented_is_healthy: bool,
+    pub(crate) probe_keepalive: Option<Duration>,
     pub(crate) max_concurrent_probes: usize,
     pub(crate) watch_backoff: WatchBackoff,
     pub(crate) events_capacity: usize,
@@ -131,6 +144,7 @@ impl fmt::Debug for HealthConfig {
             .field("jitter", &self.jitter)
             .field("service", &self.service)
             .field("unimplemented_is_healthy", &self.unimplemented_is_healthy)
+            .field("probe_keepalive", &self.probe_keepalive)
             .field("max_concurrent_probes", &self.max_concurrent_probes)
             .field("watch_backoff", &self.watch_backoff)
             .field("events_capacity", &self.events_capacity)
@@ -149,7 +163,8 @@ impl Default for HealthConfig {
             max_backoff: Duration::from_secs(300),
             jitter: 0.0,
             service: Arc::from(""),
-            unimplemented_is_healthy: false,
+            unimplemented_is_healthy: true,
+            probe_keepalive: None,
             max_concurrent_probes: 100,
             watch_backoff: WatchBackoff::default(),
             events_capacity: 1024,
@@ -175,9 +190,11 @@ impl HealthConfig {
     }
 
     /// The time between a target's checks while it passes (`Check`, HTTP and custom modes),
-    /// counted from the end of its last probe.
-    /// `Duration::ZERO` disables the schedule: targets are probed only by
-    /// [`check_now`](HealthChecker::check_now) and [`add_target_checked`](HealthChecker::add_target_checked).
+    /// counted from the end of its last probe. In `Watch` mode, how long a stream may stay
+    /// silent before its connection is verified with a `Check` on it.
+    /// `Duration::ZERO` disables the schedule: each target is probed once when it is added,
+    /// then only by [`check_now`](HealthChecker::check_now) (and in `Watch` mode, silent
+    /// streams are not verified).
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self
@@ -211,10 +228,31 @@ impl HealthConfig {
         self
     }
 
-    /// Count an `UNIMPLEMENTED` answer (a server without the health service) as healthy, as
-    /// grpc-go does, to roll health checking out before every server has it. Default: unhealthy.
+    /// Whether an `UNIMPLEMENTED` answer (a server without the health service) counts as
+    /// healthy. Default `true`, as gRPC's own client health checking does (gRFC A17): a server
+    /// that does not implement health checking is assumed to serve; the first such answer of
+    /// each target is logged at `warn`. In `Watch` mode such a target is not subscribed again
+    /// until its probe connection is replaced (gRPC restarts health checking with each new
+    /// connection); its connection is still verified every interval. `false` requires the
+    /// health service: `UNIMPLEMENTED` is then unhealthy.
     pub fn unimplemented_is_healthy(mut self, yes: bool) -> Self {
         self.unimplemented_is_healthy = yes;
+        self
+    }
+
+    /// An HTTP/2 keepalive for probe connections only, applied over the endpoint template's
+    /// own settings. Default `None`: probe connections keep whatever the template says (tonic's
+    /// default: no keepalive pings), which every server accepts.
+    ///
+    /// gRPC servers (C-core, grpc-go, grpc-java) by default allow a ping without data only
+    /// every 5 minutes, and answer more with `GOAWAY ENHANCE_YOUR_CALM "too_many_pings"`.
+    /// When a server does, the checker follows gRFC A8: it logs it at `warn`, reconnects at
+    /// once (the target keeps its verdict: this is no evidence against it) and doubles that
+    /// target's interval for its new connections — starting from this value, or, when the
+    /// template's own keepalive was refused (whose value cannot be read back), from 5 minutes.
+    /// `Watch` mode needs no keepalive to notice a dead connection (see [`ProbeMode::Watch`]).
+    pub fn probe_keepalive(mut self, interval: Option<Duration>) -> Self {
+        self.probe_keepalive = interval;
         self
     }
 
@@ -298,6 +336,15 @@ impl HealthConfig {
                 "max_backoff",
                 self.max_backoff,
                 "must be at least the interval",
+            ));
+        }
+        if let Some(keepalive) = self.probe_keepalive
+            && keepalive.is_zero()
+        {
+            return Err(ConfigError::new(
+                "probe_keepalive",
+                keepalive,
+                "must be greater than zero (or None: no keepalive of the checker's own)",
             ));
         }
         if !(self.jitter.is_finite() && (0.0..1.0).contains(&self.jitter)) {

@@ -23,16 +23,34 @@
 //! your own. The service name defaults to `""`,
 //! the whole server.
 //!
-//! **Evidence only.** A target is healthy only after a probe saw it serving: until then its
-//! card says [`HealthVerdict::Unknown`], which shuts
-//! the gate. Asking about a target that no running checker will ever probe is an explicit
-//! [`NotRunning`] error, not "unhealthy". `UNIMPLEMENTED` (a server without the health service)
-//! is unhealthy unless [`unimplemented_is_healthy`](HealthConfig::unimplemented_is_healthy).
+//! **Evidence only, with gRPC's client health semantics (gRFC A17).** A target is healthy
+//! only after a probe saw it serving: until then its card says
+//! [`HealthVerdict::Unknown`] — *connecting*, which shuts the gate (a balancer lets calls wait
+//! for the first verdict rather than fail). Asking about a target that no running checker will
+//! ever probe is an explicit [`NotRunning`] error, not "unhealthy". `UNIMPLEMENTED` (a server
+//! without the health service) counts as healthy, as in gRPC's own clients, logged once per
+//! target at `warn`; [`unimplemented_is_healthy(false)`](HealthConfig::unimplemented_is_healthy)
+//! requires the service.
+//!
+//! **Probe connections follow the server's rules (gRFC A8).** The checker never adds an HTTP/2
+//! keepalive of its own to the endpoint template's: C-core, grpc-go and grpc-java servers allow
+//! a ping without data only every 5 minutes by default and close connections that ping more
+//! with `GOAWAY ENHANCE_YOUR_CALM "too_many_pings"`. When a server does (to a keepalive of the
+//! template's, or [`probe_keepalive`](HealthConfig::probe_keepalive)), the checker doubles that
+//! target's interval for its new connections. A connection the server closes — any `GOAWAY`,
+//! a max connection age or idleness — is replaced at once, and the target keeps its verdict:
+//! only evidence (a refused reconnect, a status other than `SERVING`, no answer within the
+//! timeout) makes it unhealthy. A quiet `Watch` stream is verified with a `Check` on its
+//! connection every interval — a call with data, which no server counts as an abusive ping.
+//! Plaintext probe connections count as connected once the server has sent its HTTP/2
+//! settings, so a black hole is a connection failure, and a port that answers HTTP/1 or TLS
+//! says so in the target's reason.
 //!
 //! **Schedule.** Every target has its own next-check instant on tokio's monotonic clock (no
 //! global tick: a black-holed target never delays another). Defaults: every 30 s, 5 s
 //! timeout; after n failures in a row the next check waits `interval × 2^(n−1)`, at most
-//! 300 s; one success resets. Interval 0 means on-demand checks only. At most
+//! 300 s; one success resets. Interval 0 means one check when a target is added, then
+//! on-demand checks only. At most
 //! [`max_concurrent_probes`](HealthConfig::max_concurrent_probes) probes run at once.
 //!
 //! # Example

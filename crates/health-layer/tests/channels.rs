@@ -135,7 +135,8 @@ async fn probes_never_use_the_application_channel() {
         .service(app_channel);
     let mut client = TestServiceClient::new(gated);
 
-    checker.check_now(&b.uri()).await.unwrap();
+    // The target is probed once when the checker starts (interval 0: no schedule).
+    assert!(checker.wait_until_ready(LIMIT).await);
     assert_eq!(
         b.connections_accepted(),
         1,

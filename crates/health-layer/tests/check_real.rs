@@ -10,17 +10,22 @@ use test_backends::{Backend, BlackHole, ServingStatus};
 
 fn checker() -> HealthChecker {
     HealthChecker::builder()
-        .interval(Duration::ZERO) // on-demand only: each test drives its probes
+        .interval(Duration::ZERO) // no schedule: each target is probed once, when added
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap()
 }
 
+/// Adds a target and returns its status after the one probe made when it is added.
 async fn probe(checker: &HealthChecker, target: impl Into<Target>) -> TargetStatus {
     let target = target.into();
     let name = target.name().to_owned();
     checker.add_target(target).unwrap();
-    checker.check_now(&name).await.unwrap()
+    assert!(
+        checker.wait_until_ready(Duration::from_secs(10)).await,
+        "{name} was probed when added"
+    );
+    checker.status(&name).unwrap()
 }
 
 fn assert_unhealthy(status: &TargetStatus, error_prefix: &str) {
@@ -98,36 +103,41 @@ async fn an_unknown_service_is_unhealthy_and_the_error_says_so() {
 }
 
 #[tokio::test]
-async fn unimplemented_is_unhealthy_by_default_and_healthy_with_the_option() {
+async fn unimplemented_is_healthy_by_default_as_grpc_does_and_unhealthy_when_required() {
+    // gRFC A17: a server without the health service is assumed to serve.
     let (uri, server) = support::server_without_health().await;
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
     let status = probe(&checker, uri.as_str()).await;
+    assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
+    assert_eq!(status.last_error, None);
+    assert_eq!(
+        checker.card(&uri).unwrap().health().reason.as_deref(),
+        Some("UNIMPLEMENTED: no health service; counted as healthy")
+    );
+    assert!(checker.card(&uri).unwrap().is_eligible());
+
+    // `unimplemented_is_healthy(false)` requires the service.
+    let strict = HealthChecker::builder()
+        .interval(Duration::ZERO)
+        .unimplemented_is_healthy(false)
+        .build()
+        .unwrap();
+    strict.start(Vec::<&str>::new()).unwrap();
+    let status = probe(&strict, uri.as_str()).await;
     assert_unhealthy(
         &status,
         "UNIMPLEMENTED: the server has no grpc.health.v1.Health service",
     );
-
-    let lenient = HealthChecker::builder()
-        .interval(Duration::ZERO)
-        .unimplemented_is_healthy(true)
-        .build()
-        .unwrap();
-    lenient.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&lenient, uri.as_str()).await;
-    assert_eq!(status.verdict, HealthVerdict::Healthy);
-    assert_eq!(status.last_error, None);
-    assert_eq!(
-        lenient.card(&uri).unwrap().health().reason.as_deref(),
-        Some("UNIMPLEMENTED: no health service; counted as healthy")
-    );
     checker.stop().await;
-    lenient.stop().await;
+    strict.stop().await;
     server.abort();
 }
 
 #[tokio::test]
-async fn no_answer_in_time_is_deadline_exceeded() {
+async fn a_black_hole_is_a_connection_failure_within_the_timeout() {
+    // Accepts TCP, never answers: not connected until the server has sent its HTTP/2
+    // settings, so this is a failure to connect (as grpc_health_probe says), not an RPC's.
     let hole = BlackHole::start().await.unwrap();
     let checker = HealthChecker::builder()
         .interval(Duration::ZERO)
@@ -141,8 +151,48 @@ async fn no_answer_in_time_is_deadline_exceeded() {
         started.elapsed() < Duration::from_secs(5),
         "bounded by the timeout"
     );
-    assert_unhealthy(&status, "DEADLINE_EXCEEDED: no answer within 0.3 s");
+    assert_unhealthy(&status, "UNAVAILABLE: no connection within 0.3 s");
     assert!(hole.connections_accepted() >= 1, "it did connect");
+    checker.stop().await;
+}
+
+/// A TCP server that answers every connection with `reply` (and then closes it).
+async fn answering(reply: &'static [u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 24];
+                let _ = socket.read(&mut first).await;
+                let _ = socket.write_all(reply).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    uri
+}
+
+#[tokio::test]
+async fn a_port_that_speaks_no_grpc_is_unhealthy_and_the_reason_says_what_it_speaks() {
+    let http1 = answering(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+    // What a TLS server answers to plaintext: an alert record.
+    let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]).await;
+    let checker = checker();
+    checker.start(Vec::<&str>::new()).unwrap();
+    let status = probe(&checker, http1.as_str()).await;
+    assert_unhealthy(&status, "UNAVAILABLE: connect failed: ");
+    let error = status.last_error.unwrap();
+    assert!(error.contains("it looks like an HTTP/1 server"), "{error}");
+
+    let status = probe(&checker, tls.as_str()).await;
+    assert_unhealthy(&status, "UNAVAILABLE: connect failed: ");
+    let error = status.last_error.unwrap();
+    assert!(
+        error.contains("it looks like a TLS server (the endpoint is plaintext)"),
+        "{error}"
+    );
     checker.stop().await;
 }
 
@@ -192,15 +242,15 @@ async fn check_once_tells_connection_failures_from_rpc_failures() {
     let hole = BlackHole::start().await.unwrap();
     let slow = Endpoint::from_shared(hole.uri())
         .unwrap()
-        .connect_timeout(t);
-    let err = probe::check_once(&slow, "", Duration::from_millis(200))
-        .await
-        .unwrap_err();
-    assert!(err.is_rpc(), "{err}");
-    assert_eq!(err.code(), Some(tonic::Code::DeadlineExceeded));
-    // The status is in the error's source chain, where tonic looks for it.
+        .connect_timeout(Duration::from_millis(200));
+    let err = probe::check_once(&slow, "", t).await.unwrap_err();
+    assert!(err.is_connect(), "a black hole never connects: {err}");
+    assert_eq!(err.code(), Some(tonic::Code::Unavailable));
+
+    // An RPC failure keeps its status in the error's source chain, where tonic looks for it.
+    let err = probe::check_once(&endpoint, "nope", t).await.unwrap_err();
     let status = std::error::Error::source(&err)
         .and_then(|s| s.downcast_ref::<tonic::Status>())
         .unwrap();
-    assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+    assert_eq!(status.code(), tonic::Code::NotFound);
 }

@@ -74,7 +74,7 @@ async fn failures_back_off_exponentially_capped_and_one_success_resets() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn interval_zero_disables_the_schedule_but_not_check_now() {
+async fn interval_zero_checks_once_when_added_then_only_on_demand() {
     let script = Script::new();
     let checker = HealthChecker::builder()
         .mode(script.mode())
@@ -84,17 +84,24 @@ async fn interval_zero_disables_the_schedule_but_not_check_now() {
     checker.start(["t"]).unwrap();
     tokio::time::sleep(s(3_600)).await;
     assert_eq!(
-        script.total_calls(),
-        0,
-        "no scheduled checks, not even a first pass"
+        script.calls_ms("t"),
+        [0],
+        "one probe when added (never left unknown), then no schedule"
     );
-    assert_eq!(checker.status("t").unwrap().verdict, HealthVerdict::Unknown);
+    let status = checker.status("t").unwrap();
+    assert_eq!(status.verdict, HealthVerdict::Healthy);
+    assert_eq!(status.next_check, None);
+
+    // A target added later is probed once too.
+    checker.add_target("u").unwrap();
+    tokio::time::sleep(s(60)).await;
+    assert_eq!(script.calls_ms("u"), [3_600_000]);
 
     let status = checker.check_now("t").await.unwrap();
     assert_eq!(status.verdict, HealthVerdict::Healthy);
     assert_eq!(status.next_check, None);
     tokio::time::sleep(s(3_600)).await;
-    assert_eq!(script.calls_ms("t"), [3_600_000]);
+    assert_eq!(script.calls_ms("t"), [0, 3_660_000]);
     checker.stop().await;
 }
 

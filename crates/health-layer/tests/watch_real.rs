@@ -85,23 +85,28 @@ async fn a_broken_stream_is_unhealthy_until_a_new_one_says_serving() {
 }
 
 #[tokio::test]
-async fn a_server_without_watch_is_unhealthy_or_healthy_with_the_option() {
+async fn a_server_without_watch_is_healthy_by_default_and_unhealthy_when_required() {
+    // gRFC A17: UNIMPLEMENTED means the server does not do health checking: healthy.
     let (uri, server) = support::server_without_health().await;
-    let strict = watcher();
+    let lenient = watcher();
+    let card = lenient.add_target(uri.as_str()).unwrap();
+    lenient.start(Vec::<&str>::new()).unwrap();
+    assert!(wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
+    assert_eq!(
+        card.health().reason.as_deref(),
+        Some("UNIMPLEMENTED: no health service; counted as healthy")
+    );
+
+    let strict = HealthChecker::builder()
+        .mode(ProbeMode::Watch)
+        .unimplemented_is_healthy(false)
+        .build()
+        .unwrap();
     let card = strict.add_target(uri.as_str()).unwrap();
     strict.start(Vec::<&str>::new()).unwrap();
     assert!(wait_verdict(&card, HealthVerdict::Unhealthy, LIMIT).await);
     let reason = card.health().reason.clone().unwrap();
     assert!(reason.starts_with("UNIMPLEMENTED"), "{reason}");
-
-    let lenient = HealthChecker::builder()
-        .mode(ProbeMode::Watch)
-        .unimplemented_is_healthy(true)
-        .build()
-        .unwrap();
-    let card = lenient.add_target(uri.as_str()).unwrap();
-    lenient.start(Vec::<&str>::new()).unwrap();
-    assert!(wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
     strict.stop().await;
     lenient.stop().await;
     server.abort();

@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use endpoint_state::{EndpointCard, GateCheck, LineKind, Outcome, Reason};
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
+use endpoint_state::{EndpointCard, Outcome, Peers, Reason};
 use tokio::time::Instant;
 
 use crate::config::{MAX_SETTING, QuarantineConfig};
@@ -24,12 +22,12 @@ use crate::outlier::OutlierClock;
 /// that a balancer chooses among, [`add`](Self::add) each endpoint's card (or let
 /// [`layer`](Self::layer) add it), and put `group.layer(card)` in each endpoint's stack.
 ///
-/// **Quarantine never empties the choice.** An endpoint's quarantine shuts its gate only while
-/// some *other* member of the group is eligible on every line of its card (health, quarantine,
-/// breaker). When no other member is — every peer that is otherwise eligible is quarantined
-/// too, or the others are unhealthy or their breakers open — quarantine is ignored: degraded
-/// service beats refusing to route. The next failure renews the verdict; a success of a call
-/// admitted that way lifts its endpoint's quarantine (it has just proven itself).
+/// **Quarantine never empties the choice.** The members' cards form a [`Peers`] set, where
+/// one rule holds for every passive signal together (quarantine and open breakers): an
+/// endpoint shut only by them is admitted anyway while no *other* member is eligible on every
+/// line of its card (health, quarantine, breaker) — degraded service beats refusing to route.
+/// The next failure renews the verdict; a success of a call admitted that way lifts its
+/// endpoint's quarantine (it has just proven itself). See [`endpoint_state::peers`].
 ///
 /// **Renewal and repeats.** A failure of an endpoint that is not quarantined starts a
 /// quarantine and counts a repeat: the `n`-th in a row lasts `duration × n`, capped at
@@ -51,9 +49,9 @@ pub(crate) struct GroupInner {
     members: ArcSwap<Members>,
     /// Serializes membership writers; never taken on the request path.
     membership: Mutex<()>,
-    /// Woken when a member leaves (or is replaced): a quarantined endpoint that was kept shut
-    /// by that member must look again.
-    left: Arc<Notify>,
+    /// The peer set of the members' cards, where the rule "passive signals never empty the
+    /// choice" is decided (shared with the breakers of the same endpoints, in the kit).
+    pub(crate) peers: Peers,
     pub(crate) outlier: Option<OutlierClock>,
 }
 
@@ -157,7 +155,17 @@ impl Default for QuarantineGroup {
 
 impl QuarantineGroup {
     /// An empty group, after checking `config`. Nothing is started: the group has no task.
+    /// The group has a [`Peers`] set of its own; see [`with_peers`](Self::with_peers).
     pub fn new(config: QuarantineConfig) -> Result<Self, InvalidConfig> {
+        Self::with_peers(config, Peers::new())
+    }
+
+    /// An empty group whose members' cards join `peers`: the set among which passive signals
+    /// (this group's quarantine, and the breakers of cards in the same set) narrow the choice
+    /// but never empty it. Share one set between the group and the breakers of the same
+    /// endpoints so that, when every endpoint that health says serves is quarantined or has
+    /// its breaker open, calls still go through.
+    pub fn with_peers(config: QuarantineConfig, peers: Peers) -> Result<Self, InvalidConfig> {
         config.validate()?;
         let outlier = config.outlier_ejection.clone().map(OutlierClock::new);
         Ok(QuarantineGroup {
@@ -168,7 +176,7 @@ impl QuarantineGroup {
                     list: Vec::new(),
                 }),
                 membership: Mutex::new(()),
-                left: Arc::new(Notify::new()),
+                peers,
                 outlier,
             }),
         })
@@ -179,6 +187,11 @@ impl QuarantineGroup {
         &self.inner.config
     }
 
+    /// The peer set the members' cards belong to.
+    pub fn peers(&self) -> &Peers {
+        &self.inner.peers
+    }
+
     /// Adds an endpoint's card. A card already in the group is left as it is (`false`); a
     /// different card with the same target name replaces it (`true`), starting a fresh repeat
     /// count.
@@ -186,8 +199,9 @@ impl QuarantineGroup {
         self.inner.insert(card).1
     }
 
-    /// Removes the member named `target` and returns its card. Its card is left as it is; any
-    /// endpoint that was kept shut because that member was eligible looks again.
+    /// Removes the member named `target` and returns its card (also taken out of the peer
+    /// set). Its card is left as it is otherwise; any endpoint that was kept shut because that
+    /// member was eligible looks again.
     pub fn remove(&self, target: &str) -> Option<EndpointCard> {
         let removed = {
             let _writing = lock(&self.inner.membership);
@@ -204,7 +218,7 @@ impl QuarantineGroup {
             }));
             member
         };
-        self.inner.left.notify_waiters();
+        self.inner.peers.remove_card(&removed.card);
         Some(removed.card.clone())
     }
 
@@ -297,21 +311,18 @@ impl QuarantineGroup {
         Some(strikes.decayed(Instant::now(), self.inner.config.decay_after))
     }
 
-    /// Whether quarantine lets calls reach `target` now: it is not quarantined, or its
-    /// quarantine is ignored because no other member is eligible.
+    /// Whether quarantine lets calls reach `target` now: it is not quarantined, or the rule
+    /// of its [`Peers`] admits it anyway ([`EndpointCard::admission`]: no peer is eligible).
     ///
     /// This is what the layer's `poll_ready` decides; a balancer that reads cards directly
-    /// can ask the same question.
+    /// asks the card the same question.
     pub fn admits(&self, target: &str) -> Result<bool, UnknownTarget> {
         let member = self
             .inner
             .find(target)
             .ok_or_else(|| UnknownTarget::new(target))?;
-        let mut out = CheckOut::default();
-        Ok(matches!(
-            self.inner.check(&member.card, None, &mut out),
-            GateCheck::Open
-        ))
+        let card = &member.card;
+        Ok(!card.quarantine_state().active_at(Instant::now()) || card.admission().admits())
     }
 
     pub(crate) fn bind(&self, card: EndpointCard) -> Arc<Binding> {
@@ -331,15 +342,6 @@ impl QuarantineGroup {
     }
 }
 
-/// What a gate check found besides its verdict.
-#[derive(Default)]
-pub(crate) struct CheckOut {
-    /// Open only because quarantine is ignored: the quarantine's end at that time.
-    pub(crate) degraded: Option<Instant>,
-    /// Shut: the eligible peer that keeps it shut, and the membership version it was found in.
-    pub(crate) witness: Option<(EndpointCard, u64)>,
-}
-
 impl GroupInner {
     fn find(&self, target: &str) -> Option<Arc<Member>> {
         let members = self.members.load();
@@ -353,6 +355,7 @@ impl GroupInner {
     /// Adds `card` (or finds it); returns its member and whether the group changed.
     fn insert(&self, card: EndpointCard) -> (Arc<Member>, bool) {
         let replaced;
+        let mut replaced_card = None;
         let member = {
             let _writing = lock(&self.membership);
             let current = self.members.load();
@@ -364,7 +367,7 @@ impl GroupInner {
             {
                 Some(m) if m.card.same_card(&member.card) => return (m.clone(), false),
                 Some(m) => {
-                    *m = member.clone();
+                    replaced_card = Some(std::mem::replace(m, member.clone()).card.clone());
                     replaced = true;
                 }
                 None => {
@@ -379,64 +382,12 @@ impl GroupInner {
             member
         };
         if replaced {
-            self.left.notify_waiters();
+            // The old card leaves the peer set (which wakes whoever it kept shut).
+            self.peers
+                .remove_card(&replaced_card.expect("a replaced member"));
         }
+        self.peers.add(&member.card);
         (member, true)
-    }
-
-    /// The gate check of `card`'s quarantine line.
-    ///
-    /// Open when the card is not quarantined. When it is: shut until the quarantine ends if
-    /// another member is eligible (that member, the *witness*, is reported in `out`, and
-    /// `hint` is tried first), open otherwise (and `out.degraded` says so).
-    pub(crate) fn check(
-        &self,
-        card: &EndpointCard,
-        hint: Option<(&EndpointCard, u64)>,
-        out: &mut CheckOut,
-    ) -> GateCheck {
-        out.degraded = None;
-        out.witness = None;
-        // One atomic load when the line is clear (the common case).
-        if card.is_eligible_ignoring(&[LineKind::Health, LineKind::Breaker]) {
-            return GateCheck::Open;
-        }
-        let Some(until) = card
-            .quarantine_state()
-            .until
-            .filter(|u| *u > Instant::now())
-        else {
-            return GateCheck::Open;
-        };
-        let members = self.members.load();
-        if let Some((witness, version)) = hint
-            && version == members.version
-            && witness.is_eligible()
-        {
-            out.witness = Some((witness.clone(), version));
-            return GateCheck::ShutUntil(until);
-        }
-        if let Some(peer) = members
-            .list
-            .iter()
-            .find(|m| !m.card.same_card(card) && m.card.is_eligible())
-        {
-            out.witness = Some((peer.card.clone(), members.version));
-            return GateCheck::ShutUntil(until);
-        }
-        tracing::trace!(target = %card.target(), "quarantine ignored: no other member is eligible");
-        out.degraded = Some(until);
-        GateCheck::Open
-    }
-
-    /// Whether a witness found in membership `version` still keeps a quarantined card shut.
-    pub(crate) fn witness_holds(&self, witness: &EndpointCard, version: u64) -> bool {
-        self.members.load().version == version && witness.is_eligible()
-    }
-
-    /// Completes when a member leaves after this call.
-    pub(crate) fn member_left(&self) -> OwnedNotified {
-        self.left.clone().notified_owned()
     }
 
     pub(crate) fn members(&self) -> arc_swap::Guard<Arc<Members>> {

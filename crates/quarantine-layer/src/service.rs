@@ -1,19 +1,16 @@
 //! The service: a readiness gate on the quarantine line, and classification of every call.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use endpoint_state::classify::BoxError;
-use endpoint_state::{Changed, EndpointCard, Gate, HasCard};
-use tokio::sync::futures::OwnedNotified;
+use endpoint_state::{EndpointCard, HasCard, PassiveCheck, PassiveGate, PassiveOpened};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::future::{RecordOutcome, ResponseBody, ResponseFuture};
-use crate::group::{Binding, CheckOut, QuarantineGroup};
+use crate::group::{Binding, QuarantineGroup};
 
 /// One endpoint's service under quarantine (made by [`QuarantineLayer`](crate::QuarantineLayer)).
 ///
@@ -28,9 +25,8 @@ use crate::group::{Binding, CheckOut, QuarantineGroup};
 pub struct Quarantine<S> {
     inner: S,
     binding: Arc<Binding>,
-    gate: Gate,
-    /// While shut: the eligible peer that keeps this endpoint shut, watched for changes.
-    watch: Option<Watch>,
+    /// Shut while quarantined and an eligible peer takes the calls.
+    gate: PassiveGate,
     /// What the last successful `poll_ready` decided, for the next `call`.
     admission: Option<Admission>,
 }
@@ -43,14 +39,6 @@ enum Admission {
     Degraded(Instant),
 }
 
-/// The subscriptions of a shut endpoint besides its own card and timer (those are the gate's).
-struct Watch {
-    witness: EndpointCard,
-    version: u64,
-    witness_changed: Changed,
-    member_left: Pin<Box<OwnedNotified>>,
-}
-
 impl<S> Quarantine<S> {
     /// Wraps `inner`, the service of the endpoint whose card is `card`, in `group` (the card
     /// is added to the group if it is not a member yet).
@@ -61,9 +49,8 @@ impl<S> Quarantine<S> {
     pub(crate) fn from_binding(inner: S, binding: Arc<Binding>) -> Self {
         Quarantine {
             inner,
-            gate: Gate::new(binding.card().clone()),
+            gate: PassiveGate::new(binding.card().clone()),
             binding,
-            watch: None,
             admission: None,
         }
     }
@@ -95,57 +82,21 @@ impl<S> Quarantine<S> {
 
     /// `Ready` once quarantine admits calls; see the type's docs.
     fn poll_admitted(&mut self, cx: &mut Context<'_>) -> Poll<Admission> {
-        loop {
-            let Quarantine {
-                gate,
-                binding,
-                watch,
-                ..
-            } = self;
-            let group = &binding.group;
-            let mut out = CheckOut::default();
-            let hint = watch.as_ref().map(|w| (&w.witness, w.version));
-            if gate
-                .poll_open(cx, |card| group.check(card, hint, &mut out))
-                .is_ready()
-            {
-                *watch = None;
-                return Poll::Ready(match out.degraded {
-                    Some(until) => Admission::Degraded(until),
-                    None => Admission::Normal,
-                });
+        let mut until = None;
+        let opened = std::task::ready!(self.gate.poll_open(cx, |card| {
+            until = card
+                .quarantine_state()
+                .until
+                .filter(|u| *u > Instant::now());
+            match until {
+                Some(at) => PassiveCheck::Passive(Some(at)),
+                None => PassiveCheck::Open,
             }
-            // Shut: the gate waits on the card and the quarantine's end. Wait also on the peer
-            // that keeps it shut, and on members leaving: when the last eligible peer goes,
-            // quarantine is ignored.
-            let (witness, version) = out
-                .witness
-                .take()
-                .expect("the check shuts the gate only with an eligible peer");
-            let same = watch
-                .as_ref()
-                .is_some_and(|w| w.version == version && w.witness.same_card(&witness));
-            if !same {
-                let w = watch.insert(Watch {
-                    witness_changed: witness.changed(),
-                    member_left: Box::pin(group.member_left()),
-                    witness,
-                    version,
-                });
-                // Subscribed; look again, so that a change in between is not lost.
-                if !group.witness_holds(&w.witness, w.version) {
-                    continue;
-                }
-            }
-            let w = watch.as_mut().expect("watching while shut");
-            if Pin::new(&mut w.witness_changed).poll(cx).is_ready()
-                || w.member_left.as_mut().poll(cx).is_ready()
-            {
-                *watch = None;
-                continue;
-            }
-            return Poll::Pending;
-        }
+        }));
+        Poll::Ready(match (opened, until) {
+            (PassiveOpened::Degraded, Some(until)) => Admission::Degraded(until),
+            _ => Admission::Normal,
+        })
     }
 }
 
@@ -156,7 +107,6 @@ impl<S: Clone> Clone for Quarantine<S> {
             inner: self.inner.clone(),
             binding: self.binding.clone(),
             gate: self.gate.clone(),
-            watch: None,
             admission: None,
         }
     }
@@ -167,10 +117,6 @@ impl<S: fmt::Debug> fmt::Debug for Quarantine<S> {
         f.debug_struct("Quarantine")
             .field("target", &self.binding.card().target())
             .field("gate", &self.gate)
-            .field(
-                "kept_shut_by",
-                &self.watch.as_ref().map(|w| w.witness.target()),
-            )
             .field("admission", &self.admission)
             .field("inner", &self.inner)
             .finish()

@@ -41,6 +41,64 @@ pub enum Mode {
     BlackHole,
 }
 
+/// Server settings of a [`Backend`], given to [`Backend::start_with`] and kept across
+/// [`restart`](Backend::restart). The default is tonic's own default server (no connection age)
+/// with the health service.
+///
+/// tonic's `Server` has no max-connection-idle setting and no keepalive enforcement: it answers
+/// every client PING, however often (no `too_many_pings` GOAWAY), and keeps an idle connection
+/// open for as long as the client does.
+///
+/// One tonic 0.14 quirk to know: with [`max_connection_age_grace`](Self::max_connection_age_grace)
+/// set, a connection gets no GOAWAY at its maximum age; it is closed at age + grace, abruptly
+/// (calls still in flight fail). Only with the age alone does it get a graceful GOAWAY at its age
+/// (and is then closed once its calls have finished, however long that takes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// tonic's `Server::max_connection_age`: a connection older than this is shut down.
+    /// `None` (the default): no limit.
+    pub max_connection_age: Option<Duration>,
+    /// tonic's `Server::max_connection_age_grace` (see the type's docs). `None` (the default):
+    /// no forced close.
+    pub max_connection_age_grace: Option<Duration>,
+    /// Whether `grpc.health.v1.Health` is served (the default). Without it a health check gets
+    /// `UNIMPLEMENTED`; the backend's health setters then change nothing anyone can see.
+    pub health: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            max_connection_age: None,
+            max_connection_age_grace: None,
+            health: true,
+        }
+    }
+}
+
+impl ServerOptions {
+    /// Sets [`max_connection_age`](Self::max_connection_age).
+    #[must_use]
+    pub fn max_connection_age(mut self, age: Duration) -> Self {
+        self.max_connection_age = Some(age);
+        self
+    }
+
+    /// Sets [`max_connection_age_grace`](Self::max_connection_age_grace).
+    #[must_use]
+    pub fn max_connection_age_grace(mut self, grace: Duration) -> Self {
+        self.max_connection_age_grace = Some(grace);
+        self
+    }
+
+    /// Sets [`health`](Self::health).
+    #[must_use]
+    pub fn health(mut self, health: bool) -> Self {
+        self.health = health;
+        self
+    }
+}
+
 /// A handle on one real tonic server on `127.0.0.1`, with `grpc.health.v1.Health` and
 /// `gck.test.v1.TestService`, fault controls and counters.
 ///
@@ -55,6 +113,8 @@ pub struct Backend {
 struct Shared {
     name: Arc<str>,
     addr: SocketAddr,
+    /// Kept for every serving generation.
+    options: ServerOptions,
     /// Created once: health statuses survive restarts.
     health: HealthReporter,
     health_server: HealthServer<HealthService>,
@@ -148,6 +208,11 @@ impl Backend {
     /// Starts a backend named `name` on `127.0.0.1` on a free port. Health is `SERVING` for `""`
     /// and for `gck.test.v1.TestService`.
     pub async fn start(name: impl Into<String>) -> io::Result<Self> {
+        Self::start_with(name, ServerOptions::default()).await
+    }
+
+    /// As [`start`](Self::start), with server settings, kept across restarts.
+    pub async fn start_with(name: impl Into<String>, options: ServerOptions) -> io::Result<Self> {
         let listener = conn::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
         let addr = listener.local_addr()?;
         let health = HealthReporter::new();
@@ -159,6 +224,7 @@ impl Backend {
         let shared = Arc::new(Shared {
             name: Arc::from(name.into()),
             addr,
+            options,
             health,
             health_server,
             faults: Arc::default(),
@@ -172,6 +238,11 @@ impl Backend {
     /// The backend's name, e.g. `"b0"`; every reply carries it in `Pong::backend`.
     pub fn name(&self) -> &str {
         &self.shared.name
+    }
+
+    /// The server settings it was started with.
+    pub fn options(&self) -> &ServerOptions {
+        &self.shared.options
     }
 
     /// The address it serves on; the same for its whole life.
@@ -345,9 +416,17 @@ impl Shared {
             counters.record_request(&req);
             req
         });
-        let router = Server::builder()
+        let mut server = Server::builder();
+        if let Some(age) = self.options.max_connection_age {
+            server = server.max_connection_age(age);
+        }
+        if let Some(grace) = self.options.max_connection_age_grace {
+            server = server.max_connection_age_grace(grace);
+        }
+        let health = self.options.health.then(|| self.health_server.clone());
+        let router = server
             .layer(record)
-            .add_service(self.health_server.clone())
+            .add_optional_service(health)
             .add_service(test_service);
         let name = Arc::clone(&self.name);
         let signal = shutdown.clone().cancelled_owned();

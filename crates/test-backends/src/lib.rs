@@ -7,7 +7,11 @@
 //! flip health, slow calls down, make them fail with a chosen code, stop abruptly (RST) or
 //! gracefully, restart on the same port, or turn into a [`BlackHole`] (accepts TCP, never
 //! answers); it counts calls, health checks and connections and records the last request's
-//! headers.
+//! headers. [`Backend::start_with`] takes [`ServerOptions`]: a maximum connection age (and
+//! grace), or no health service at all.
+//!
+//! A [`PingGuard`] in front of any backend enforces a gRPC server's ping policy (GOAWAY
+//! `ENHANCE_YOUR_CALM` `too_many_pings`) and records every client PING.
 //!
 //! ```
 //! use std::time::Duration;
@@ -41,10 +45,12 @@ mod backend;
 mod black_hole;
 mod conn;
 pub mod pb;
+mod ping_guard;
 mod service;
 pub mod synthetic;
 
-pub use backend::{Backend, Backends, Mode};
+pub use backend::{Backend, Backends, Mode, ServerOptions};
 pub use black_hole::BlackHole;
+pub use ping_guard::{PingGuard, PingPolicy};
 #[doc(no_inline)]
 pub use tonic_health::ServingStatus;

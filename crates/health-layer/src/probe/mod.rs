@@ -38,8 +38,11 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::error::BoxError;
 
+mod connect;
 #[cfg(feature = "http-probe")]
 mod http_probe;
+pub use connect::{GoAway, MAX_DEBUG};
+pub(crate) use connect::{ProbeConn, connect_until};
 #[cfg(feature = "http-probe")]
 pub use http_probe::{HttpAnswer, HttpProbe};
 
@@ -113,6 +116,33 @@ pub enum ProbeFailure {
 pub struct ProbeError {
     target: Arc<str>,
     failure: ProbeFailure,
+    /// How the probe's connection ended, when a transport error on an established
+    /// connection ended the probe.
+    ended: Option<ConnectionEnd>,
+}
+
+/// How a probe's connection ended, read from the transport error's chain (see
+/// [`endpoint_state::transport`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionEnd {
+    /// `GOAWAY ENHANCE_YOUR_CALM "too_many_pings"`: this client pings too often (gRFC A8).
+    TooManyPings,
+    /// Any other transport failure: a `GOAWAY` (max connection age or idle, a graceful
+    /// stop), a reset, a refused reconnect.
+    Broken,
+}
+
+impl ConnectionEnd {
+    /// What the status of a failed RPC says about its connection: `None` for a status the
+    /// server sent (or a local timeout), which says nothing about the connection.
+    pub(crate) fn of(status: &Status) -> Option<Self> {
+        let source = status.source()?;
+        if endpoint_state::transport::too_many_pings(source) {
+            Some(ConnectionEnd::TooManyPings)
+        } else {
+            Some(ConnectionEnd::Broken)
+        }
+    }
 }
 
 impl ProbeError {
@@ -121,7 +151,27 @@ impl ProbeError {
         ProbeError {
             target: target.into(),
             failure,
+            ended: None,
         }
+    }
+
+    pub(crate) fn with_end(mut self, ended: Option<ConnectionEnd>) -> Self {
+        self.ended = ended;
+        self
+    }
+
+    /// Whether a transport failure of an established connection (rather than the server's
+    /// answer, or a timeout) ended the probe: the connection is gone, and a new one may well
+    /// work (a `GOAWAY` for max connection age or idleness, a reset).
+    pub fn connection_ended(&self) -> bool {
+        self.ended.is_some()
+    }
+
+    /// Whether the server closed the probe's connection with `GOAWAY ENHANCE_YOUR_CALM`
+    /// `"too_many_pings"` (gRFC A8): the client's HTTP/2 keepalive pings came more often than
+    /// the server allows.
+    pub fn is_too_many_pings(&self) -> bool {
+        self.ended == Some(ConnectionEnd::TooManyPings)
     }
 
     /// The target probed.
@@ -264,36 +314,21 @@ impl Error for ProbeError {
     }
 }
 
-/// Connects to `endpoint` now (not lazily), within the endpoint's own connect timeout if it
-/// has one and within `limit` in any case.
+/// Connects to `endpoint` now (not lazily), within `limit`: for a plaintext (`http://`)
+/// endpoint, connected means the server has sent its HTTP/2 settings (an address that accepts
+/// TCP and never answers fails here, and one that answers HTTP/1 or TLS says so); TLS and other
+/// endpoints connect as tonic does. The endpoint's own connect timeout applies too.
 pub async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Channel, ProbeError> {
     let target: Arc<str> = endpoint.uri().to_string().into();
-    connect_until(&target, endpoint, Instant::now() + limit, limit).await
+    let deadline = Instant::now().checked_add(limit).unwrap_or_else(far_future);
+    Ok(connect_until(&target, endpoint, deadline, limit)
+        .await?
+        .channel)
 }
 
-pub(crate) async fn connect_until(
-    target: &Arc<str>,
-    endpoint: &Endpoint,
-    deadline: Instant,
-    limit: Duration,
-) -> Result<Channel, ProbeError> {
-    match tokio::time::timeout_at(deadline, endpoint.connect()).await {
-        Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(e)) => Err(ProbeError::new(
-            target.clone(),
-            ProbeFailure::Connect {
-                timed_out: None,
-                source: Some(Box::new(e)),
-            },
-        )),
-        Err(_) => Err(ProbeError::new(
-            target.clone(),
-            ProbeFailure::Connect {
-                timed_out: Some(limit),
-                source: None,
-            },
-        )),
-    }
+/// An instant no timer reaches.
+pub(crate) fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(60 * 60 * 24 * 365 * 30)
 }
 
 /// Connects to `endpoint` and asks `grpc.health.v1.Health/Check` about `service` once.
@@ -312,13 +347,12 @@ pub async fn check_once(
 ) -> Result<ServingStatus, ProbeError> {
     let target: Arc<str> = endpoint.uri().to_string().into();
     let connect_limit = endpoint.get_connect_timeout().unwrap_or(timeout);
-    let channel = connect_until(
-        &target,
-        endpoint,
-        Instant::now() + connect_limit,
-        connect_limit,
-    )
-    .await?;
+    let deadline = Instant::now()
+        .checked_add(connect_limit)
+        .unwrap_or_else(far_future);
+    let channel = connect_until(&target, endpoint, deadline, connect_limit)
+        .await?
+        .channel;
     let request = tonic::Request::new(HealthCheckRequest {
         service: service.to_owned(),
     });
@@ -349,9 +383,11 @@ pub async fn check_on(
     };
     match answer {
         Ok(Ok(response)) => Ok(serving_status(response.get_ref().status)),
-        Ok(Err(status)) => Err(rpc_error(transport_is_unavailable(
-            local_timeout_is_deadline(status, timeout),
-        ))),
+        Ok(Err(status)) => {
+            let status = local_timeout_is_deadline(status, timeout);
+            let ended = ConnectionEnd::of(&status);
+            Err(rpc_error(transport_is_unavailable(status)).with_end(ended))
+        }
         Err(_) => Err(rpc_error(Status::deadline_exceeded(format!(
             "no answer within {}",
             Secs(timeout)
@@ -411,7 +447,10 @@ pub(crate) async fn watch_on(
     };
     match tokio::time::timeout_at(deadline, client.watch(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(status)) => Err(rpc_error(transport_is_unavailable(status))),
+        Ok(Err(status)) => {
+            let ended = ConnectionEnd::of(&status);
+            Err(rpc_error(transport_is_unavailable(status)).with_end(ended))
+        }
         Err(_) => Err(rpc_error(Status::deadline_exceeded(format!(
             "no answer to Watch within {}",
             Secs(limit)

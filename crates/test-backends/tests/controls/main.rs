@@ -4,4 +4,6 @@ mod counters;
 mod faults;
 mod health;
 mod lifecycle;
+mod ping_guard;
+mod server_options;
 mod support;

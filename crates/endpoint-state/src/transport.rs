@@ -1,0 +1,149 @@
+//! What a transport error says about a call and its connection, read from the error chain.
+//!
+//! tonic reports a transport failure as an error (or a `Status` whose `source()` is the
+//! cause) wrapping hyper's and h2's errors, and ultimately the socket's `io::Error`. The
+//! predicates here walk that chain ([`std::error::Error::source`]) and answer the questions the
+//! kit's layers ask of a failure:
+//!
+//! * [`never_sent`]: the request provably never left this client (connecting was refused, or
+//!   the connection closed before taking it) — safe to send again elsewhere;
+//! * [`refused_by_server`]: the server refused the stream before processing it (HTTP/2's
+//!   "not processed": a `GOAWAY` naming an earlier last stream, or `REFUSED_STREAM`);
+//! * [`too_many_pings`]: the server closed the connection with `GOAWAY ENHANCE_YOUR_CALM` and
+//!   the debug data `too_many_pings` — this client pings more often than the server allows
+//!   (gRFC A8: double the keepalive interval for new connections).
+
+use std::error::Error;
+use std::io;
+
+/// Whether `error` proves the request never left this client: connecting was refused (or the
+/// network or local address was unavailable), or hyper's connection closed before taking the
+/// request (its request was cancelled).
+pub fn never_sent(error: &(dyn Error + 'static)) -> bool {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::NetworkUnreachable
+                    | io::ErrorKind::AddrNotAvailable
+            );
+        }
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
+            return hyper.is_canceled();
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// Whether `error` is the server refusing the call's stream, which HTTP/2 defines as "not
+/// processed, safe to retry": its `GOAWAY` named a last stream below this one (or arrived
+/// before this one was opened), or it reset the stream with `REFUSED_STREAM`. h2 reports
+/// exactly these as a remote `GOAWAY` error or a remote `REFUSED_STREAM` reset on the stream;
+/// a stream the server took that then breaks reports another reset or a broken pipe.
+pub fn refused_by_server(error: &(dyn Error + 'static)) -> bool {
+    h2_error(error).is_some_and(|h2| {
+        h2.is_remote()
+            && (h2.is_go_away()
+                || (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM)))
+    })
+}
+
+/// Whether `error` is the server closing the connection with `GOAWAY ENHANCE_YOUR_CALM` and
+/// the debug data `too_many_pings` (gRFC A8): this client sent HTTP/2 pings more often than the
+/// server's policy allows (C-core, grpc-go and grpc-java servers allow one every 5 minutes by
+/// default, without data in between).
+pub fn too_many_pings(error: &(dyn Error + 'static)) -> bool {
+    h2_error(error).is_some_and(|h2| {
+        h2.is_go_away()
+            && h2.is_remote()
+            && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)
+            // h2 shows the GOAWAY's debug data in its message (there is no accessor).
+            && h2.to_string().contains("too_many_pings")
+    })
+}
+
+/// The first `h2::Error` in `error`'s chain.
+fn h2_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a h2::Error> {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return Some(h2);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt;
+    use std::sync::Arc;
+
+    use tonic::Status;
+
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrap(Box<dyn Error + Send + Sync>);
+    impl fmt::Display for Wrap {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+    impl Error for Wrap {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[test]
+    fn only_errors_that_prove_the_request_never_left_are_never_sent() {
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::NetworkUnreachable,
+            io::ErrorKind::AddrNotAvailable,
+        ] {
+            assert!(
+                never_sent(&Wrap(Box::new(io::Error::from(kind)))),
+                "{kind:?}"
+            );
+        }
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::HostUnreachable,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(
+                !never_sent(&Wrap(Box::new(io::Error::from(kind)))),
+                "{kind:?}"
+            );
+        }
+        assert!(!never_sent(&Status::unavailable("backend said so")));
+        // A status made from a transport error carries its cause as its source.
+        let mut status = Status::unavailable("b0: transport error");
+        status.set_source(Arc::new(io::Error::from(io::ErrorKind::ConnectionRefused)));
+        assert!(never_sent(&Wrap(Box::new(status))));
+    }
+
+    #[test]
+    fn local_resets_are_neither_refused_nor_too_many_pings() {
+        // Resets the server sent: only REFUSED_STREAM says it did not process the stream (and
+        // h2 makes no remote GOAWAY error outside a connection; the kit's tests/retry.rs and
+        // health-layer's tests/keepalive.rs have real ones).
+        assert!(!refused_by_server(&h2::Error::from(h2::Reason::CANCEL)));
+        assert!(!refused_by_server(&io::Error::from(
+            io::ErrorKind::ConnectionReset
+        )));
+        assert!(!too_many_pings(&h2::Error::from(
+            h2::Reason::ENHANCE_YOUR_CALM
+        )));
+        assert!(!too_many_pings(&Status::resource_exhausted(
+            "too_many_pings"
+        )));
+    }
+}

@@ -1,0 +1,55 @@
+//! Interop: the same test backend on four gRPC server implementations (tonic, gRPC C-core,
+//! grpc-go, grpc-js), driven through `support::InteropBackend`, checked with plain tonic clients
+//! and a raw HTTP/2 probe.
+//!
+//! Every test is ignored by default: run `.ci/interop-setup` (or `.ci/run`), export what it
+//! prints, then `cargo test --test interop -- --include-ignored`.
+
+#[path = "interop/controls.rs"]
+mod controls;
+#[path = "interop/production.rs"]
+mod production;
+#[path = "interop/support/mod.rs"]
+mod support;
+
+use support::Implementation;
+
+macro_rules! interop_tests {
+    ($($module:ident => $imp:expr),* $(,)?) => {$(
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            async fn controls() {
+                crate::controls::controls_work($imp).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            async fn production_settings() {
+                crate::production::production_settings_are_live($imp).await;
+            }
+        }
+    )*};
+}
+
+interop_tests!(
+    on_tonic => Implementation::Tonic,
+    on_ccore => Implementation::CCore,
+    on_grpc_go => Implementation::GrpcGo,
+    on_grpc_js => Implementation::GrpcJs,
+);
+
+/// Which implementations this machine can run, and exactly why not the others (the ignored
+/// tests above need them all). tonic, in process, always can.
+#[test]
+fn availability_is_explained() {
+    assert_eq!(Implementation::Tonic.available(), Ok(()));
+    for imp in Implementation::ALL {
+        match imp.available() {
+            Ok(()) => println!("{imp}: available"),
+            Err(why) => println!("{imp}: not available: {why}"),
+        }
+    }
+}
