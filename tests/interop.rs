@@ -7,12 +7,36 @@
 
 #[path = "interop/controls.rs"]
 mod controls;
+#[path = "interop/matrix.rs"]
+mod matrix;
 #[path = "interop/production.rs"]
 mod production;
 #[path = "interop/support/mod.rs"]
 mod support;
 
 use support::Implementation;
+
+/// The kit's scenarios and its idle soak, for one implementation, per mode and settings.
+macro_rules! kit_tests {
+    ($imp:expr; $($name:ident => $mode:ident, $settings:ident;)*) => {$(
+        mod $name {
+            use super::*;
+            use crate::matrix::{Mode, Settings};
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            async fn kit() {
+                crate::matrix::behaviour($imp, Mode::$mode, Settings::$settings).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            async fn soak() {
+                crate::matrix::soak($imp, Mode::$mode, Settings::$settings).await;
+            }
+        }
+    )*};
+}
 
 macro_rules! interop_tests {
     ($($module:ident => $imp:expr),* $(,)?) => {$(
@@ -30,9 +54,36 @@ macro_rules! interop_tests {
             async fn production_settings() {
                 crate::production::production_settings_are_live($imp).await;
             }
+
+            kit_tests!($imp;
+                watch_defaults => Watch, Defaults;
+                check_defaults => Check, Defaults;
+                watch_production => Watch, Production;
+                check_production => Check, Production;
+            );
         }
     )*};
 }
+
+/// Where servers enforce a ping policy.
+macro_rules! keepalive_soak {
+    ($($module:ident => $imp:expr),* $(,)?) => {$(
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            async fn soak_with_a_10s_probe_keepalive() {
+                crate::matrix::soak_with_a_10s_keepalive($imp).await;
+            }
+        }
+    )*};
+}
+
+keepalive_soak!(
+    on_ccore_enforcing => Implementation::CCore,
+    on_grpc_go_enforcing => Implementation::GrpcGo,
+);
 
 interop_tests!(
     on_tonic => Implementation::Tonic,

@@ -152,6 +152,11 @@ pub struct TargetStatus {
     /// Whether the target holds a gRPC probe channel now (kept between passing probes, dropped
     /// as soon as one fails; always `false` for HTTP and custom probes, which keep nothing).
     pub channel_open: bool,
+    /// The HTTP/2 keepalive interval of the target's new probe connections, when the checker
+    /// sets one: [`probe_keepalive`](crate::HealthConfig::probe_keepalive), doubled each time
+    /// the server refused it with `GOAWAY too_many_pings` (gRFC A8). `None`: the endpoint
+    /// template's own.
+    pub probe_keepalive: Option<Duration>,
 }
 
 /// What a probe result means for the target.
@@ -203,6 +208,7 @@ impl Entry {
             consecutive_failures: st.failures,
             next_check: st.next_check,
             channel_open: lock(&self.channel).is_some(),
+            probe_keepalive: *lock(&self.keepalive),
         }
     }
 

@@ -1,0 +1,462 @@
+//! The kit against every server implementation, in `Watch` and `Check` mode, with the servers'
+//! default settings and with what production servers set (max connection age with grace, max
+//! connection idle, keepalive enforcement): routing by health, stops, kills, restarts, every
+//! target down, an unknown service name, a server without the health service, and an idle soak
+//! with a steady caller during which nothing may change.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use grpc_client_kit::Kit;
+use grpc_client_kit::health::{HealthConfig, ProbeMode};
+use grpc_client_kit::state::HealthVerdict;
+use test_backends::pb::Ping;
+use test_backends::pb::test_service_client::TestServiceClient;
+use tokio::time::Instant;
+use tonic::Code;
+use tonic_health::ServingStatus;
+
+use crate::support::{Implementation, InteropBackend, ServerSettings};
+
+/// How the kit checks health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Watch,
+    Check,
+}
+
+/// Which server settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settings {
+    /// The implementation's defaults.
+    Defaults,
+    /// What production servers set, short enough to bite within seconds (only what the
+    /// implementation supports): max connection age 3 s with 1 s grace, max idle 2 s,
+    /// keepalive enforcement (pings closer than 1.5 s are strikes; C-core tolerates one).
+    Production,
+}
+
+impl Settings {
+    fn of(self, imp: Implementation) -> ServerSettings {
+        match self {
+            Settings::Defaults => ServerSettings::defaults(),
+            Settings::Production => ServerSettings {
+                max_connection_age: Some(Duration::from_secs(3)),
+                ..ServerSettings::production(imp)
+            },
+        }
+    }
+}
+
+const LIMIT: Duration = Duration::from_secs(15);
+
+fn health(mode: Mode, interval: Duration) -> HealthConfig {
+    let config = HealthConfig::new()
+        .timeout(Duration::from_secs(2))
+        .interval(interval);
+    match mode {
+        Mode::Watch => config.mode(ProbeMode::Watch),
+        Mode::Check => config,
+    }
+}
+
+async fn backends(imp: Implementation, settings: &ServerSettings) -> Vec<InteropBackend> {
+    let mut out = Vec::new();
+    for name in ["b0", "b1", "b2"] {
+        out.push(InteropBackend::start(imp, name, settings).await);
+    }
+    out
+}
+
+fn uris(backends: &[InteropBackend]) -> Vec<String> {
+    backends.iter().map(InteropBackend::uri).collect()
+}
+
+type Client = TestServiceClient<grpc_client_kit::KitChannel>;
+
+/// `n` sequential calls: how many each backend answered, and the failures.
+async fn calls(client: &mut Client, n: usize) -> (BTreeMap<String, usize>, Vec<tonic::Status>) {
+    let mut answered = BTreeMap::new();
+    let mut failed = Vec::new();
+    for _ in 0..n {
+        match client.unary(Ping::default()).await {
+            Ok(pong) => *answered.entry(pong.into_inner().backend).or_default() += 1,
+            Err(status) => failed.push(status),
+        }
+    }
+    (answered, failed)
+}
+
+fn split(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+    pairs
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(b, n)| ((*b).to_owned(), *n))
+        .collect()
+}
+
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "not within {LIMIT:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn eligible(kit: &Kit) -> Vec<String> {
+    let mut names: Vec<String> = kit
+        .eligible_targets()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// Routing by health, stops, kills, restarts and every target down, with one kit over three
+/// backends of `imp`; then an unknown service name and a server without the health service.
+pub(crate) async fn behaviour(imp: Implementation, mode: Mode, settings: Settings) {
+    let server = settings.of(imp);
+    let mut bs = backends(imp, &server).await;
+    let all = sorted(uris(&bs));
+    let kit = Kit::builder()
+        .targets(uris(&bs))
+        .health(health(mode, Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let mut client = TestServiceClient::new(kit.channel());
+    let tag = format!("{imp} {mode:?} {settings:?}");
+
+    // The first call, right after build: the targets are connecting, the call waits.
+    client
+        .unary(Ping::default())
+        .await
+        .unwrap_or_else(|s| panic!("{tag}: the first call: {s:?}"));
+    eventually("every target eligible", || eligible(&kit) == all).await;
+
+    // 20/20/20 → 30/0/30 → back.
+    let (answered, failed) = calls(&mut client, 60).await;
+    assert!(failed.is_empty(), "{tag}: {failed:?}");
+    assert_eq!(
+        answered,
+        split(&[("b0", 20), ("b1", 20), ("b2", 20)]),
+        "{tag}"
+    );
+    bs[1].set_health("", ServingStatus::NotServing).await;
+    let without_b1 = sorted(vec![bs[0].uri(), bs[2].uri()]);
+    eventually("b1 out", || eligible(&kit) == without_b1).await;
+    let (answered, failed) = calls(&mut client, 60).await;
+    assert!(failed.is_empty(), "{tag}: {failed:?}");
+    assert_eq!(answered, split(&[("b0", 30), ("b2", 30)]), "{tag}");
+    bs[1].set_health("", ServingStatus::Serving).await;
+    eventually("b1 back", || eligible(&kit) == all).await;
+    let (answered, failed) = calls(&mut client, 60).await;
+    assert!(failed.is_empty(), "{tag}: {failed:?}");
+    assert_eq!(
+        answered,
+        split(&[("b0", 20), ("b1", 20), ("b2", 20)]),
+        "{tag}"
+    );
+
+    // Every target NOT_SERVING: UNAVAILABLE naming each one and why.
+    for b in &bs {
+        b.set_health("", ServingStatus::NotServing).await;
+    }
+    eventually("nothing eligible", || eligible(&kit).is_empty()).await;
+    let status = client.unary(Ping::default()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{tag}: {status:?}");
+    for uri in &all {
+        assert!(
+            status
+                .message()
+                .contains(&format!("{uri}: unhealthy (NOT_SERVING)")),
+            "{tag}: {}",
+            status.message()
+        );
+    }
+    for b in &bs {
+        b.set_health("", ServingStatus::Serving).await;
+    }
+    eventually("all back", || eligible(&kit) == all).await;
+
+    // A graceful stop, under a sequential caller: no call lost; the port then refuses, and the
+    // target leaves the rotation. Then a restart on the same port brings it back.
+    let caller = Caller::start(kit.channel());
+    bs[2].stop_graceful(Duration::from_secs(1)).await;
+    let without_b2 = sorted(vec![bs[0].uri(), bs[1].uri()]);
+    eventually("b2 out after its graceful stop", || {
+        eligible(&kit) == without_b2
+    })
+    .await;
+    bs[2].restart().await;
+    eventually("b2 back after the restart", || eligible(&kit) == all).await;
+    let (ok, failed) = caller.stop().await;
+    assert!(ok > 0, "{tag}: the caller made calls");
+    assert!(
+        failed.is_empty(),
+        "{tag}: a graceful stop costs no call: {failed:?}"
+    );
+
+    // kill -9, under a sequential caller: at most the call in flight is lost.
+    let caller = Caller::start(kit.channel());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bs[2].kill().await;
+    eventually("b2 out after kill -9", || eligible(&kit) == without_b2).await;
+    bs[2].restart().await;
+    eventually("b2 back after the restart", || eligible(&kit) == all).await;
+    let (ok, failed) = caller.stop().await;
+    assert!(ok > 0, "{tag}: the caller made calls");
+    assert!(
+        failed.len() <= 1,
+        "{tag}: kill -9 costs at most the call in flight: {failed:?}"
+    );
+    let b2_calls = calls(&mut client, 30).await.0;
+    assert_eq!(b2_calls.get("b2"), Some(&10), "{tag}: {b2_calls:?}");
+    kit.shutdown().await;
+
+    // An unknown service name: every target unhealthy, and the error says so.
+    let unknown = Kit::builder()
+        .targets(uris(&bs))
+        .health(health(mode, Duration::from_secs(1)).service("no.such.Service"))
+        .build()
+        .unwrap();
+    let mut client = TestServiceClient::new(unknown.channel());
+    let status = client.unary(Ping::default()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{tag}: {status:?}");
+    for uri in &all {
+        let named = status.message().contains(&format!("{uri}: unhealthy (NOT_FOUND: unknown service \"no.such.Service\""))
+            || status.message().contains(&format!(
+                "{uri}: unhealthy (SERVICE_UNKNOWN: the server does not know service \"no.such.Service\")"
+            ));
+        assert!(named, "{tag}: {}", status.message());
+    }
+    unknown.shutdown().await;
+    drop(bs);
+
+    // A server without the health service: healthy (gRFC A17), calls flow.
+    let bare = backends(
+        imp,
+        &ServerSettings {
+            health: false,
+            ..server
+        },
+    )
+    .await;
+    let kit = Kit::builder()
+        .targets(uris(&bare))
+        .health(health(mode, Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let bare_all = sorted(uris(&bare));
+    eventually("every target without a health service eligible", || {
+        eligible(&kit) == bare_all
+    })
+    .await;
+    let mut client = TestServiceClient::new(kit.channel());
+    let (answered, failed) = calls(&mut client, 60).await;
+    assert!(failed.is_empty(), "{tag}: {failed:?}");
+    assert_eq!(
+        answered,
+        split(&[("b0", 20), ("b1", 20), ("b2", 20)]),
+        "{tag}"
+    );
+    for b in &bare {
+        let card = kit.card(&b.uri()).unwrap();
+        assert_eq!(card.health_verdict(), HealthVerdict::Healthy, "{tag}");
+    }
+    kit.shutdown().await;
+}
+
+/// A sequential caller in the background: calls until stopped, every `PACE`.
+struct Caller {
+    stop: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<(u64, Vec<tonic::Status>)>,
+}
+
+impl Caller {
+    fn start(channel: grpc_client_kit::KitChannel) -> Self {
+        Self::with_pace(channel, Duration::from_millis(20))
+    }
+
+    fn with_pace(channel: grpc_client_kit::KitChannel, pace: Duration) -> Self {
+        let stop = Arc::new(AtomicU64::new(0));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut client = TestServiceClient::new(channel);
+            let (mut ok, mut failed) = (0, Vec::new());
+            while flag.load(Ordering::Acquire) == 0 {
+                let mut request = tonic::Request::new(Ping::default());
+                request.set_timeout(Duration::from_secs(5));
+                match client.unary(request).await {
+                    Ok(_) => ok += 1,
+                    Err(status) => failed.push(status),
+                }
+                tokio::time::sleep(pace).await;
+            }
+            (ok, failed)
+        });
+        Caller { stop, task }
+    }
+
+    async fn stop(self) -> (u64, Vec<tonic::Status>) {
+        self.stop.store(1, Ordering::Release);
+        self.task.await.unwrap()
+    }
+}
+
+/// An idle soak: three backends, a steady caller, nothing changing on the servers, for
+/// `duration`. Not one eligibility change, not one failed call.
+///
+/// With the servers' defaults the soak lasts past the point where C-core's and grpc-go's
+/// default keepalive enforcement (a ping without data every 5 minutes, 2 strikes) cut off the
+/// 10 s Watch keepalive the checker used to force (at about 40 s). With production settings,
+/// connections are closed for their age (3 s + 1 s grace) and idleness (2 s) several times
+/// over, the probes of `Check` mode (every 3 s) find their connection closed for idleness
+/// between checks, and in `Watch` mode the checker's own probe keepalive (`probe_keepalive`,
+/// 500 ms) is refused by the servers that enforce a 1.5 s minimum — and doubled until it is
+/// accepted.
+pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
+    let duration = match settings {
+        // Past the 40 s at which the old checker's Watch streams were cut off, where servers
+        // enforce pings; the others enforce nothing.
+        Settings::Defaults if imp.enforces_pings() => Duration::from_secs(45),
+        Settings::Defaults => Duration::from_secs(10),
+        // Age (3 s + 1 s grace) three times over; idleness (2 s) more.
+        Settings::Production => Duration::from_secs(12),
+    };
+    let server = settings.of(imp);
+    let bs = backends(imp, &server).await;
+    let all = sorted(uris(&bs));
+    let mut health = health(mode, Duration::from_secs(3));
+    // `Watch` streams are calls in progress, so hyper pings on them; a `Check` connection is
+    // idle between checks, where hyper does not ping (without `keep_alive_while_idle`).
+    let keepalive =
+        (settings == Settings::Production && imp.enforces_pings() && mode == Mode::Watch)
+            .then_some(Duration::from_millis(500));
+    if keepalive.is_some() {
+        health = health.probe_keepalive(keepalive);
+    }
+    let kit = Kit::builder()
+        .targets(uris(&bs))
+        .health(health)
+        .build()
+        .unwrap();
+    assert!(kit.wait_until_ready(LIMIT).await);
+    eventually("every target eligible", || eligible(&kit) == all).await;
+    let tag = format!("{imp} {mode:?} {settings:?} soak");
+
+    // Every change of any target's card (health, quarantine, breaker) is an eligibility change.
+    let versions: Vec<_> = bs
+        .iter()
+        .map(|b| kit.card(&b.uri()).unwrap().version())
+        .collect();
+    let mut transitions = kit.checker().unwrap().subscribe();
+    let caller = Caller::with_pace(kit.channel(), Duration::from_millis(250));
+    let started = Instant::now();
+    let mut smallest = all.len();
+    while started.elapsed() < duration {
+        smallest = smallest.min(kit.eligible_targets().len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (ok, failed) = caller.stop().await;
+    let changes: Vec<_> = std::iter::from_fn(|| transitions.try_recv().ok()).collect();
+    let after: Vec<_> = bs
+        .iter()
+        .map(|b| kit.card(&b.uri()).unwrap().version())
+        .collect();
+    println!(
+        "{tag}: {:.0} s, {ok} calls, {} failed, {} health transitions, smallest eligible set {smallest}",
+        duration.as_secs_f64(),
+        failed.len(),
+        changes.len()
+    );
+    assert!(failed.is_empty(), "{tag}: failed calls: {failed:?}");
+    assert!(changes.is_empty(), "{tag}: health transitions: {changes:?}");
+    assert_eq!(
+        versions, after,
+        "{tag}: a card changed (quarantine, breaker or health)"
+    );
+    assert_eq!(smallest, all.len(), "{tag}: the eligible set shrank");
+    assert!(
+        ok as f64 >= duration.as_secs_f64() * 2.0,
+        "{tag}: a steady caller ({ok} calls)"
+    );
+    if let Some(keepalive) = keepalive {
+        // The servers refused the checker's 500 ms pings at least once, and the checker
+        // slowed them down (gRFC A8) — without a change of any target's eligibility.
+        for b in &bs {
+            let status = kit.checker().unwrap().status(&b.uri()).unwrap();
+            let now = status.probe_keepalive.unwrap();
+            println!(
+                "{tag}: {} probe keepalive {keepalive:?} -> {now:?}",
+                b.uri()
+            );
+            assert!(now > keepalive, "{tag}: the ping enforcement bit");
+        }
+    }
+    kit.shutdown().await;
+}
+
+/// The soak of the issue that started this matrix: `Watch` probes with a 10 s keepalive (the
+/// checker used to force one) against a server with its default ping enforcement (a ping
+/// without data every 5 minutes at most, 2 strikes). The server closes the connection with
+/// `GOAWAY too_many_pings` after 30–40 s; the checker reconnects, keeps every verdict and
+/// doubles the keepalive (gRFC A8). Not one eligibility change, not one failed call. (Quiet
+/// streams are not verified here — interval 0 — since the data of a verifying `Check` resets
+/// the server's strikes, which is how the checker stays clear of the policy by default.)
+pub(crate) async fn soak_with_a_10s_keepalive(imp: Implementation) {
+    let bs = backends(imp, &ServerSettings::defaults()).await;
+    let all = sorted(uris(&bs));
+    let kit = Kit::builder()
+        .targets(uris(&bs))
+        .health(health(Mode::Watch, Duration::ZERO).probe_keepalive(Some(Duration::from_secs(10))))
+        .build()
+        .unwrap();
+    assert!(kit.wait_until_ready(LIMIT).await);
+    eventually("every target eligible", || eligible(&kit) == all).await;
+    let tag = format!("{imp} Watch defaults with a 10 s probe keepalive");
+    let versions: Vec<_> = bs
+        .iter()
+        .map(|b| kit.card(&b.uri()).unwrap().version())
+        .collect();
+    let mut transitions = kit.checker().unwrap().subscribe();
+    let caller = Caller::with_pace(kit.channel(), Duration::from_millis(250));
+    let doubled = || {
+        bs.iter().all(|b| {
+            let status = kit.checker().unwrap().status(&b.uri()).unwrap();
+            status.probe_keepalive == Some(Duration::from_secs(20))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !doubled() {
+        assert!(
+            Instant::now() < deadline,
+            "{tag}: the server did not refuse the pings within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A few seconds more on the new connections.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (ok, failed) = caller.stop().await;
+    let changes: Vec<_> = std::iter::from_fn(|| transitions.try_recv().ok()).collect();
+    let after: Vec<_> = bs
+        .iter()
+        .map(|b| kit.card(&b.uri()).unwrap().version())
+        .collect();
+    println!(
+        "{tag}: keepalive doubled to 20 s on every target; {ok} calls, {} failed, {} transitions",
+        failed.len(),
+        changes.len()
+    );
+    assert!(failed.is_empty(), "{tag}: failed calls: {failed:?}");
+    assert!(changes.is_empty(), "{tag}: health transitions: {changes:?}");
+    assert_eq!(versions, after, "{tag}: a card changed");
+    kit.shutdown().await;
+}
