@@ -10,8 +10,12 @@
 //!   while no request is in flight), watches every endpoint's card (health verdict,
 //!   quarantine, breaker), and wakes at the next quarantine or open-breaker deadline. After
 //!   each batch of changes it publishes a new immutable snapshot of the eligible endpoints,
-//!   swapped atomically. When every otherwise eligible endpoint is quarantined, quarantine is
-//!   ignored: it narrows the choice, it never empties it.
+//!   swapped atomically. Passive signals — quarantine, open breakers — narrow the choice and
+//!   never empty it: when every endpoint that health admits is shut by them alone, they are
+//!   ignored (the one rule of [`endpoint_state::peers`], which each endpoint's own quarantine
+//!   and breaker gates also follow, so the balancer never picks an endpoint whose gate stays
+//!   shut). Cards in no peer set get the balancer's own, so breakers under it never cut it
+//!   off either.
 //! * **O(1) picks, no allocation.** A request reads the snapshot without a lock, chooses a
 //!   position with the strategy, double-checks that endpoint's card (one atomic load; a change
 //!   is honoured at once, before the snapshot is rebuilt), clones the endpoint's service and
@@ -23,10 +27,13 @@
 //!   endpoints are 20/20/20), [`Strategy::Random`] (seedable), [`Strategy::Weighted`]
 //!   (weights by target), and least-loaded: [`Strategy::LeastInFlight`] (power of two
 //!   choices on calls in flight) and [`Strategy::PeakEwma`] (power of two choices on latency).
-//! * **Nothing eligible.** The call fails at once with [`error::NoHealthyTargets`], which
-//!   lists every target and why it was skipped (from the cards) and which a generated tonic
-//!   client receives as `UNAVAILABLE`. With [`BalanceConfig::wait_for_ready`] the call waits
-//!   instead, up to its own deadline ([`RequestDeadline`]).
+//! * **Nothing eligible.** While some endpoint is *connecting* (its card has no health
+//!   verdict yet) the call waits for the first verdicts, up to its own deadline
+//!   ([`RequestDeadline`]) and [`BalanceConfig::connecting_wait`] (5 s), as gRPC queues calls
+//!   while a channel connects. Otherwise it fails at once with [`error::NoHealthyTargets`],
+//!   which lists every target and why it was skipped (from the cards) and which a generated
+//!   tonic client receives as `UNAVAILABLE`. With [`BalanceConfig::wait_for_ready`] the call
+//!   waits instead, up to its own deadline.
 //!
 //! Endpoints are any `Service + Clone + HasCard`: every layer of the kit implements
 //! [`HasCard`](endpoint_state::HasCard). Plain services without a card (a bare tonic

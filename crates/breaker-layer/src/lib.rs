@@ -13,6 +13,13 @@
 //!   half-open instant, so that a balancer routes around the endpoint ([`WhenOpen::Wait`]),
 //!   or the call fails at once with [`BreakerOpen`], which a generated client sees as
 //!   `UNAVAILABLE` naming the target and when it will be retried ([`WhenOpen::FailFast`]);
+//!
+//!   An open breaker is a *passive* signal, inferred from calls: when the endpoint's card
+//!   belongs to a [`Peers`](endpoint_state::Peers) set (a quarantine group's, or the one our
+//!   balancer gives cards that have none) and no peer is eligible, the breaker admits calls
+//!   anyway — passive signals narrow the choice, never empty it — and the first success closes
+//!   it. A breaker alone over one channel, in no peer set, refuses as above; an operator's
+//!   forced-open breaker always does;
 //! * **half-open**, admits a bounded number of probe calls (default 1): permits are taken in
 //!   `poll_ready`, handed to the call, and given back if the service, the response future or
 //!   the body is dropped before the outcome — a half-open breaker never sticks. Success

@@ -18,11 +18,13 @@
 //!
 //! # Never empties the choice
 //!
-//! Quarantine only narrows the choice. An endpoint's quarantine shuts it only while another
-//! member of its [`QuarantineGroup`] is eligible on every line of its card (health,
-//! quarantine, breaker). When every peer that is otherwise eligible is quarantined — or the
-//! rest are unhealthy, or their breakers open — quarantine is ignored: degraded service beats
-//! refusing to route. A quarantined endpoint waiting for its turn watches one eligible peer (and
+//! Quarantine only narrows the choice. The group's cards form a
+//! [`Peers`](endpoint_state::Peers) set, where one rule holds for every passive signal
+//! (quarantine and open breakers together): an endpoint's quarantine shuts it only while
+//! another member is eligible on every line of its card (health, quarantine, breaker). When
+//! none is — every peer that health admits is quarantined or has its breaker open, or the rest
+//! are unhealthy — quarantine is ignored: degraded service beats refusing to route. Give the
+//! endpoints' breakers the same cards and they follow the same rule. A quarantined endpoint waiting for its turn watches one eligible peer (and
 //! the group's membership), so it is woken the moment the last such peer goes. The next failure
 //! renews its quarantine; a success of a call admitted while its quarantine was ignored lifts
 //! it.
