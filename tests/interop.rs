@@ -2,8 +2,10 @@
 //! grpc-go, grpc-js), driven through `support::InteropBackend`, checked with plain tonic clients
 //! and a raw HTTP/2 probe.
 //!
-//! Every test is ignored by default: run `.ci/interop-setup` (or `.ci/run`), export what it
-//! prints, then `cargo test --test interop -- --include-ignored`.
+//! Every test that needs another implementation, and every soak, is ignored by default: run
+//! `.ci/interop-setup` (or `.ci/run`), export what it prints, then
+//! `cargo test --test interop -- --include-ignored`. The kit's scenarios on tonic backends (in
+//! process) run with every `cargo test`.
 
 #[path = "interop/controls.rs"]
 mod controls;
@@ -16,30 +18,30 @@ mod support;
 
 use support::Implementation;
 
-/// The kit's scenarios and its idle soak, for one implementation, per mode and settings.
+/// The kit's scenarios and its idle soak, for one implementation, mode and settings.
 macro_rules! kit_tests {
-    ($imp:expr; $($name:ident => $mode:ident, $settings:ident;)*) => {$(
+    ($name:ident, $imp:expr, $mode:ident, $settings:ident, [$($ignore:meta)?]) => {
         mod $name {
             use super::*;
             use crate::matrix::{Mode, Settings};
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            $(#[$ignore])?
             async fn kit() {
                 crate::matrix::behaviour($imp, Mode::$mode, Settings::$settings).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
+            #[ignore = "a soak: run .ci/interop-setup (or .ci/run)"]
             async fn soak() {
                 crate::matrix::soak($imp, Mode::$mode, Settings::$settings).await;
             }
         }
-    )*};
+    };
 }
 
 macro_rules! interop_tests {
-    ($($module:ident => $imp:expr),* $(,)?) => {$(
+    ($($module:ident => $imp:expr, [$($ignore:meta)?]),* $(,)?) => {$(
         mod $module {
             use super::*;
 
@@ -55,12 +57,10 @@ macro_rules! interop_tests {
                 crate::production::production_settings_are_live($imp).await;
             }
 
-            kit_tests!($imp;
-                watch_defaults => Watch, Defaults;
-                check_defaults => Check, Defaults;
-                watch_production => Watch, Production;
-                check_production => Check, Production;
-            );
+            kit_tests!(watch_defaults, $imp, Watch, Defaults, [$($ignore)?]);
+            kit_tests!(check_defaults, $imp, Check, Defaults, [$($ignore)?]);
+            kit_tests!(watch_production, $imp, Watch, Production, [$($ignore)?]);
+            kit_tests!(check_production, $imp, Check, Production, [$($ignore)?]);
         }
     )*};
 }
@@ -86,10 +86,13 @@ keepalive_soak!(
 );
 
 interop_tests!(
-    on_tonic => Implementation::Tonic,
+    on_tonic => Implementation::Tonic, [],
     on_ccore => Implementation::CCore,
+        [ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"],
     on_grpc_go => Implementation::GrpcGo,
+        [ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"],
     on_grpc_js => Implementation::GrpcJs,
+        [ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"],
 );
 
 /// Which implementations this machine can run, and exactly why not the others (the ignored

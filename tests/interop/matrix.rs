@@ -228,7 +228,13 @@ pub(crate) async fn behaviour(imp: Implementation, mode: Mode, settings: Setting
         .build()
         .unwrap();
     let mut client = TestServiceClient::new(unknown.channel());
+    let started = Instant::now();
     let status = client.unary(Ping::default()).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{tag}: fails as soon as every target has answered, not after the connecting wait: {:?}",
+        started.elapsed()
+    );
     assert_eq!(status.code(), Code::Unavailable, "{tag}: {status:?}");
     for uri in &all {
         let named = status.message().contains(&format!("{uri}: unhealthy (NOT_FOUND: unknown service \"no.such.Service\""))
@@ -318,8 +324,9 @@ impl Caller {
 /// default keepalive enforcement (a ping without data every 5 minutes, 2 strikes) cut off the
 /// 10 s Watch keepalive the checker used to force (at about 40 s). With production settings,
 /// connections are closed for their age (3 s + 1 s grace) and idleness (2 s) several times
-/// over, the probes of `Check` mode (every 3 s) find their connection closed for idleness
-/// between checks, and in `Watch` mode the checker's own probe keepalive (`probe_keepalive`,
+/// over — at least three times for every probe connection, counted — the probes of `Check` mode
+/// (every 3 s) find their connection closed for idleness between checks, the caller's
+/// connections go idle between its calls, and in `Watch` mode the checker's own probe keepalive (`probe_keepalive`,
 /// 500 ms) is refused by the servers that enforce a 1.5 s minimum — and doubled until it is
 /// accepted.
 pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
@@ -328,8 +335,8 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
         // enforce pings; the others enforce nothing.
         Settings::Defaults if imp.enforces_pings() => Duration::from_secs(45),
         Settings::Defaults => Duration::from_secs(10),
-        // Age (3 s + 1 s grace) three times over; idleness (2 s) more.
-        Settings::Production => Duration::from_secs(12),
+        // Age (3 s + 1 s grace) three times over and more; idleness (2 s) more.
+        Settings::Production => Duration::from_secs(18),
     };
     let server = settings.of(imp);
     let bs = backends(imp, &server).await;
@@ -358,7 +365,19 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
         .map(|b| kit.card(&b.uri()).unwrap().version())
         .collect();
     let mut transitions = kit.checker().unwrap().subscribe();
-    let caller = Caller::with_pace(kit.channel(), Duration::from_millis(250));
+    // With production settings, slow enough that each target's application connection goes
+    // idle (2 s) between calls, so that idleness closes it under the caller too.
+    let pace = match settings {
+        Settings::Defaults => Duration::from_millis(250),
+        Settings::Production => Duration::from_millis(800),
+    };
+    let caller = Caller::with_pace(kit.channel(), pace);
+    let connections = |kit: &Kit| -> Vec<u64> {
+        bs.iter()
+            .map(|b| kit.checker().unwrap().status(&b.uri()).unwrap().connections)
+            .collect()
+    };
+    let connected = connections(&kit);
     let started = Instant::now();
     let mut smallest = all.len();
     while started.elapsed() < duration {
@@ -371,12 +390,26 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
         .iter()
         .map(|b| kit.card(&b.uri()).unwrap().version())
         .collect();
+    let replaced: Vec<u64> = connections(&kit)
+        .iter()
+        .zip(&connected)
+        .map(|(now, before)| now - before)
+        .collect();
     println!(
-        "{tag}: {:.0} s, {ok} calls, {} failed, {} health transitions, smallest eligible set {smallest}",
+        "{tag}: {:.0} s, {ok} calls, {} failed, {} health transitions, smallest eligible set \
+         {smallest}, probe connections replaced per target {replaced:?}",
         duration.as_secs_f64(),
         failed.len(),
         changes.len()
     );
+    if settings == Settings::Production {
+        // Each target's probe connection was closed by the server (age, idleness, refused
+        // pings) at least three times — and no verdict changed.
+        assert!(
+            replaced.iter().all(|n| *n >= 3),
+            "{tag}: the settings bit at least three times: {replaced:?}"
+        );
+    }
     assert!(failed.is_empty(), "{tag}: failed calls: {failed:?}");
     assert!(changes.is_empty(), "{tag}: health transitions: {changes:?}");
     assert_eq!(
@@ -385,7 +418,7 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
     );
     assert_eq!(smallest, all.len(), "{tag}: the eligible set shrank");
     assert!(
-        ok as f64 >= duration.as_secs_f64() * 2.0,
+        ok as f64 >= 0.8 * duration.as_secs_f64() / pace.as_secs_f64(),
         "{tag}: a steady caller ({ok} calls)"
     );
     if let Some(keepalive) = keepalive {

@@ -21,6 +21,7 @@ use std::task::{Context, Poll, Waker};
 use endpoint_state::{BreakerState, Changed, HasCard, Peers};
 use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tower::discover::{Change, Discover};
 
@@ -63,8 +64,15 @@ pub(crate) struct Driver<D: Discover> {
     /// Discovery order; removed endpoints are dropped from it at the next rebuild.
     order: Vec<Arc<Endpoint<D::Key, D::Service>>>,
     watches: FuturesUnordered<Watch<D::Key, D::Service>>,
+    /// The peer sets of the endpoints' cards, each with a subscription to members leaving it
+    /// (a member that leaves may have been the only eligible one: the rule must be asked
+    /// again).
+    sets: Vec<(Peers, Pin<Box<OwnedNotified>>)>,
     timer: Option<Pin<Box<Sleep>>>,
     timer_at: Option<Instant>,
+    /// Whether discovery has inserted any endpoint yet (before that, calls wait for it as for
+    /// targets that are connecting).
+    delivered: bool,
 }
 
 impl<D: Discover> fmt::Debug for Driver<D> {
@@ -92,8 +100,10 @@ where
             entries: HashMap::new(),
             order: Vec::new(),
             watches: FuturesUnordered::new(),
+            sets: Vec::new(),
             timer: None,
             timer_at: None,
+            delivered: false,
         }
     }
 
@@ -119,6 +129,7 @@ where
             let (changed, exhausted) = self.poll_discovery(cx);
             dirty |= changed;
             dirty |= self.poll_watches(cx);
+            dirty |= self.poll_sets(cx);
             if dirty {
                 self.rebuild();
             }
@@ -169,6 +180,12 @@ where
     }
 
     fn insert(&mut self, key: D::Key, service: D::Service) {
+        self.delivered = true;
+        // The endpoint this one replaces goes first, so that a card inserted again leaves the
+        // balancer's peer set with the old endpoint and joins it again with the new.
+        if let Some(old) = self.entries.remove(&key) {
+            self.retire(old);
+        }
         let name: Arc<str> = key.to_string().into();
         let card = service.card().cloned();
         if let Some(card) = &card
@@ -198,9 +215,7 @@ where
         });
         tracing::debug!(target = %endpoint.name, carded = watch.is_some(), "balance: endpoint inserted");
         self.order.push(endpoint.clone());
-        if let Some(old) = self.entries.insert(key, Entry { endpoint, watch }) {
-            self.retire(old);
-        }
+        self.entries.insert(key, Entry { endpoint, watch });
     }
 
     fn remove(&mut self, key: &D::Key) {
@@ -249,6 +264,39 @@ where
         changed
     }
 
+    /// Returns whether a member left one of the peer sets in use (re-subscribing to it).
+    fn poll_sets(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut left = false;
+        for (peers, notified) in &mut self.sets {
+            while notified.as_mut().poll(cx).is_ready() {
+                left = true;
+                *notified = Box::pin(peers.member_left());
+            }
+        }
+        left
+    }
+
+    /// Keeps one subscription per distinct peer set of the endpoints' cards.
+    fn track_sets(&mut self) {
+        let mut sets: Vec<(Peers, Pin<Box<OwnedNotified>>)> = Vec::new();
+        for endpoint in &self.order {
+            let Some(peers) = endpoint.card.as_ref().and_then(|c| c.peers()) else {
+                continue;
+            };
+            if sets.iter().any(|(p, _)| p.same_set(&peers)) {
+                continue;
+            }
+            match self.sets.iter().position(|(p, _)| p.same_set(&peers)) {
+                Some(i) => sets.push(self.sets.swap_remove(i)),
+                None => {
+                    let notified = Box::pin(peers.member_left());
+                    sets.push((peers, notified));
+                }
+            }
+        }
+        self.sets = sets;
+    }
+
     /// Arms the timer at the earliest deadline found by the last rebuild. Returns `true` when
     /// that deadline has already passed (rebuild again).
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> bool {
@@ -286,7 +334,7 @@ where
         let mut strict = Vec::with_capacity(self.order.len());
         let mut blocked = Vec::new();
         let mut next: Option<Instant> = None;
-        let mut connecting = self.order.is_empty() && matches!(self.discovery, Discovery::Running);
+        let mut connecting = !self.delivered && matches!(self.discovery, Discovery::Running);
         for endpoint in &self.order {
             if endpoint.admits(false) {
                 strict.push(endpoint.clone());
@@ -308,21 +356,23 @@ where
                 }
             }
         }
+        self.track_sets();
         let ignoring_passive = strict.is_empty() && !blocked.is_empty();
         let picks = if ignoring_passive {
-            // Each blocked endpoint is admitted when no member of its own peer set is
-            // eligible (a set may reach beyond this balancer). Asked once per set.
+            // Each blocked endpoint is admitted when its own peer set ignores passive signals
+            // (no member is eligible; a set may reach beyond this balancer). The rule is
+            // `Peers::ignores_passive_signals`, asked once per set.
             let mut sets: Vec<(Peers, bool)> = Vec::new();
             blocked.retain(|e| {
                 let Some(peers) = e.card.as_ref().and_then(|c| c.peers()) else {
                     return false;
                 };
                 match sets.iter().find(|(p, _)| p.same_set(&peers)) {
-                    Some((_, any)) => !any,
+                    Some((_, ignores)) => *ignores,
                     None => {
-                        let any = peers.any_eligible();
-                        sets.push((peers, any));
-                        !any
+                        let ignores = peers.ignores_passive_signals();
+                        sets.push((peers, ignores));
+                        ignores
                     }
                 }
             });

@@ -578,6 +578,7 @@ fn describe(window: Window) -> String {
 fn last_status(outcome: &Outcome) -> String {
     match outcome {
         Outcome::Completed(status) => status.to_string(),
+        Outcome::NotProcessed(status) => format!("{status} (not processed)"),
         Outcome::Abandoned => "abandoned".to_owned(),
     }
 }

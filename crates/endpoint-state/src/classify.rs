@@ -214,16 +214,80 @@ pub enum Outcome {
     /// The caller dropped the response future, or the body before its end: neither success
     /// nor failure.
     Abandoned,
+    /// The call failed with this status, but the server provably did not process it (its
+    /// error was marked [`NotProcessed`]: the server refused the stream while closing the
+    /// connection — a `GOAWAY` for a max connection age, a graceful stop): neither success nor
+    /// failure for the backend, which is alive and closing a connection as servers do.
+    NotProcessed(CallStatus),
 }
 
 impl Outcome {
-    /// The final status, unless the call was abandoned.
+    /// The status the call ended with, unless the call was abandoned.
     pub fn status(&self) -> Option<&CallStatus> {
         match self {
-            Outcome::Completed(s) => Some(s),
+            Outcome::Completed(s) | Outcome::NotProcessed(s) => Some(s),
             Outcome::Abandoned => None,
         }
     }
+
+    /// The outcome of a call whose service returned `err`: [`Outcome::NotProcessed`] when
+    /// the error is marked so, otherwise [`Outcome::Completed`] with its status.
+    pub fn from_error(err: &(dyn Error + 'static)) -> Self {
+        let status = CallStatus::from_error(err);
+        if is_not_processed(err) {
+            Outcome::NotProcessed(status)
+        } else {
+            Outcome::Completed(status)
+        }
+    }
+}
+
+/// Marks a call's error as one the server provably did not process — it refused the stream
+/// (a `GOAWAY` naming an earlier last stream, `REFUSED_STREAM`), or the connection closed
+/// before taking the request — so that no layer counts it against the backend
+/// ([`Outcome::NotProcessed`]). A transport layer that can tell (the kit's, which reads h2's
+/// and hyper's errors) wraps such errors; the original stays the [`source`](Error::source).
+#[derive(Debug)]
+pub struct NotProcessed {
+    inner: BoxError,
+}
+
+impl NotProcessed {
+    /// Marks `inner`.
+    pub fn new(inner: impl Into<BoxError>) -> Self {
+        NotProcessed {
+            inner: inner.into(),
+        }
+    }
+
+    /// The marked error.
+    pub fn into_inner(self) -> BoxError {
+        self.inner
+    }
+}
+
+impl fmt::Display for NotProcessed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not processed by the server")
+    }
+}
+
+impl Error for NotProcessed {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.inner)
+    }
+}
+
+/// Whether `err`'s chain holds a [`NotProcessed`] mark.
+pub fn is_not_processed(err: &(dyn Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<NotProcessed>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// What an outcome means to one layer.
@@ -304,7 +368,7 @@ impl FailureCodes {
     /// What `outcome` means under this set.
     pub fn classify(self, outcome: &Outcome) -> Verdict {
         match outcome {
-            Outcome::Abandoned => Verdict::Ignored,
+            Outcome::Abandoned | Outcome::NotProcessed(_) => Verdict::Ignored,
             Outcome::Completed(s) if self.contains(s.code) => Verdict::Failure,
             Outcome::Completed(_) => Verdict::Success,
         }
@@ -420,7 +484,7 @@ where
         match result {
             Err(e) => {
                 let e = e.into();
-                reporter.report(|| Outcome::Completed(CallStatus::from_error(&*e)));
+                reporter.report(|| Outcome::from_error(&*e));
                 Poll::Ready(Err(e))
             }
             Ok(response) => {

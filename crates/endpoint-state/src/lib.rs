@@ -56,6 +56,7 @@ pub mod card;
 pub mod classify;
 pub mod gate;
 pub mod peers;
+#[cfg(feature = "transport")]
 pub mod transport;
 
 #[doc(inline)]
@@ -65,8 +66,8 @@ pub use card::{
 };
 #[doc(inline)]
 pub use classify::{
-    CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, OnOutcome, Outcome,
-    OutcomeSource, ResponseFuture, Verdict, code_name, error_chain,
+    CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, NotProcessed, OnOutcome,
+    Outcome, OutcomeSource, ResponseFuture, Verdict, code_name, error_chain, is_not_processed,
 };
 #[doc(inline)]
 pub use gate::{Gate, GateCheck, Opened, PassiveCheck, PassiveGate, PassiveOpened};

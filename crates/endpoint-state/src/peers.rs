@@ -305,6 +305,14 @@ impl Peers {
             .any(EndpointCard::is_eligible)
     }
 
+    /// The rule, for the whole set at once: whether passive signals are ignored now for every
+    /// member they alone shut — no member is eligible. (For one card, that is
+    /// [`EndpointCard::admission`] saying [`Admission::Degraded`]: a card that is not eligible
+    /// has no eligible peer exactly when no member is eligible.)
+    pub fn ignores_passive_signals(&self) -> bool {
+        !self.any_eligible()
+    }
+
     /// Whether `witness` still keeps passively blocked members shut: it is eligible and the
     /// membership has not changed since it was found.
     pub fn witness_holds(&self, witness: &Witness) -> bool {

@@ -38,6 +38,24 @@ pub fn never_sent(error: &(dyn Error + 'static)) -> bool {
     false
 }
 
+/// Whether `error` proves the server did not process the call although it is alive: it
+/// refused the stream ([`refused_by_server`]), or hyper's connection closed before taking the
+/// request (a connection the server was closing). A refused connection is not among these: it
+/// is evidence that the backend is down.
+pub fn not_processed(error: &(dyn Error + 'static)) -> bool {
+    if refused_by_server(error) {
+        return true;
+    }
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
+            return hyper.is_canceled();
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// Whether `error` is the server refusing the call's stream, which HTTP/2 defines as "not
 /// processed, safe to retry": its `GOAWAY` named a last stream below this one (or arrived
 /// before this one was opened), or it reset the stream with `REFUSED_STREAM`. h2 reports
@@ -51,18 +69,49 @@ pub fn refused_by_server(error: &(dyn Error + 'static)) -> bool {
     })
 }
 
+/// The HTTP/2 error code `ENHANCE_YOUR_CALM`.
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// The `GOAWAY` debug data with which gRPC servers refuse a client's pings (gRFC A8).
+pub const TOO_MANY_PINGS: &str = "too_many_pings";
+
+/// Whether a `GOAWAY` with this error code and debug data is a server refusing a client's
+/// pings (gRFC A8): `ENHANCE_YOUR_CALM` and `too_many_pings`.
+pub fn goaway_is_too_many_pings(code: u32, debug: &[u8]) -> bool {
+    code == ENHANCE_YOUR_CALM && debug == TOO_MANY_PINGS.as_bytes()
+}
+
 /// Whether `error` is the server closing the connection with `GOAWAY ENHANCE_YOUR_CALM` and
 /// the debug data `too_many_pings` (gRFC A8): this client sent HTTP/2 pings more often than the
 /// server's policy allows (C-core, grpc-go and grpc-java servers allow one every 5 minutes by
-/// default, without data in between).
+/// default, without data in between). h2 reports it so only to a stream opened after the
+/// `GOAWAY`; a stream in flight sees a broken pipe (health-layer reads the frame itself).
 pub fn too_many_pings(error: &(dyn Error + 'static)) -> bool {
     h2_error(error).is_some_and(|h2| {
+        let debug = format!("({:?})", bytes_of(TOO_MANY_PINGS));
         h2.is_go_away()
             && h2.is_remote()
-            && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)
+            && h2.reason() == Some(h2::Reason::from(ENHANCE_YOUR_CALM))
             // h2 shows the GOAWAY's debug data in its message (there is no accessor).
-            && h2.to_string().contains("too_many_pings")
+            && h2.to_string().ends_with(&debug)
     })
+}
+
+/// How h2 prints debug data (as `Bytes`' `Debug`: `b"..."`).
+fn bytes_of(s: &str) -> BytesDebug<'_> {
+    BytesDebug(s.as_bytes())
+}
+
+struct BytesDebug<'a>(&'a [u8]);
+
+impl std::fmt::Debug for BytesDebug<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("b\"")?;
+        for &b in self.0 {
+            write!(f, "{}", std::ascii::escape_default(b))?;
+        }
+        f.write_str("\"")
+    }
 }
 
 /// The first `h2::Error` in `error`'s chain.

@@ -183,3 +183,29 @@ fn failure_code_sets() {
         "{\"UNKNOWN\", \"DEADLINE_EXCEEDED\", \"RESOURCE_EXHAUSTED\", \"INTERNAL\", \"UNAVAILABLE\", \"DATA_LOSS\"}"
     );
 }
+
+#[test]
+fn a_call_the_server_did_not_process_counts_neither_way() {
+    use endpoint_state::{FailureCodes, NotProcessed, Outcome, Verdict};
+    let refused = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "refused stream");
+    let marked: endpoint_state::classify::BoxError = Box::new(NotProcessed::new(refused));
+    let outcome = Outcome::from_error(&*marked);
+    assert!(matches!(outcome, Outcome::NotProcessed(_)), "{outcome:?}");
+    assert_eq!(outcome.status().unwrap().code, tonic::Code::Unavailable);
+    for codes in [
+        FailureCodes::quarantine_default(),
+        FailureCodes::breaker_default(),
+    ] {
+        assert_eq!(codes.classify(&outcome), Verdict::Ignored);
+    }
+    // The mark keeps the original error in the chain, for whoever looks for it.
+    let source = std::error::Error::source(&*marked).unwrap();
+    assert!(source.downcast_ref::<std::io::Error>().is_some());
+    // Unmarked, the same error is a failure.
+    let plain = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+    let outcome = Outcome::from_error(&plain);
+    assert_eq!(
+        FailureCodes::quarantine_default().classify(&outcome),
+        Verdict::Failure
+    );
+}

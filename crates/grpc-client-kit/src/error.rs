@@ -183,6 +183,13 @@ impl TransportError {
             }
             cur = e.source();
         }
+        // A call the server did not process (a stream refused while it closes a connection)
+        // is marked so, so that no layer counts it against the backend.
+        let error: BoxError = if endpoint_state::transport::not_processed(&*error) {
+            Box::new(endpoint_state::NotProcessed::new(error))
+        } else {
+            error
+        };
         let call = CallStatus::from_error(&*error);
         let code = if call.code == Code::DeadlineExceeded {
             Code::DeadlineExceeded

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -157,6 +157,10 @@ pub struct TargetStatus {
     /// the server refused it with `GOAWAY too_many_pings` (gRFC A8). `None`: the endpoint
     /// template's own.
     pub probe_keepalive: Option<Duration>,
+    /// Probe connections made for the target so far (counting the probe channel's own
+    /// reconnections, for plaintext endpoints): how often servers closed them (max connection
+    /// age or idleness, a restart) or probes failed.
+    pub connections: u64,
 }
 
 /// What a probe result means for the target.
@@ -192,6 +196,8 @@ struct Entry {
     keepalive: Mutex<Option<Duration>>,
     /// Whether an `UNIMPLEMENTED` counted as healthy has been logged for this target.
     unimplemented_logged: AtomicBool,
+    /// Probe connections made for the target (see [`TargetStatus::connections`]).
+    connections: Arc<AtomicU64>,
     /// Held while a probe of the target runs: a scheduled probe and `check_now` take turns
     /// (one connection, one result at a time).
     probing: tokio::sync::Mutex<()>,
@@ -209,6 +215,7 @@ impl Entry {
             next_check: st.next_check,
             channel_open: lock(&self.channel).is_some(),
             probe_keepalive: *lock(&self.keepalive),
+            connections: self.connections.load(Ordering::Relaxed),
         }
     }
 
@@ -746,6 +753,7 @@ impl Shared {
             removed: AtomicBool::new(false),
             keepalive: Mutex::new(self.config.probe_keepalive),
             unimplemented_logged: AtomicBool::new(false),
+            connections: Arc::default(),
             probing: tokio::sync::Mutex::new(()),
         }))
     }
@@ -1016,13 +1024,17 @@ impl Shared {
                 probe::check_on(conn.channel, &entry.name, request, self.config.timeout).await
             };
             match result {
+                // Still no health service: the connection is alive.
+                Err(e) if e.code() == Some(Code::Unimplemented) => {}
                 Err(e) if e.connection_ended() => {
                     self.connection_done(entry, &e);
                     return;
                 }
                 Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
+                    // The connection goes before the evidence is published.
+                    self.connection_done(entry, &e);
                     let evidence = self.judge(entry, Err(e));
-                    self.publish(entry, evidence, true);
+                    self.publish(entry, evidence, false);
                     let delay = schedule::watch_delay(
                         &self.config.watch_backoff,
                         0,
@@ -1031,8 +1043,12 @@ impl Shared {
                     tokio::time::sleep(delay).await;
                     return;
                 }
-                // Answered (UNIMPLEMENTED, or a status): the connection is alive.
-                _ => {}
+                // The server answers health checks now (or fails them): watch it again, on a
+                // new connection.
+                _ => {
+                    drop(lock(&entry.channel).take());
+                    return;
+                }
             }
         }
     }
@@ -1099,7 +1115,10 @@ impl Shared {
         let endpoint = &endpoint;
         let limit = self.config.timeout;
         match &self.config.connector {
-            None => probe::connect_until(&entry.name, endpoint, deadline, limit).await,
+            None => {
+                probe::connect_until(&entry.name, endpoint, deadline, limit, &entry.connections)
+                    .await
+            }
             Some(connector) => {
                 match tokio::time::timeout_at(deadline, connector(endpoint.clone())).await {
                     Ok(Ok(channel)) => Ok(ProbeConn {
@@ -1148,6 +1167,12 @@ impl Shared {
     /// more on a new connection, within the same time limit.
     async fn grpc_check(&self, entry: &Entry, limit: Duration) -> Result<(), ProbeError> {
         let deadline = Instant::now().checked_add(limit).unwrap_or_else(far_future);
+        if matches!(self.config.mode, ProbeMode::Watch) {
+            // The target's connection belongs to its Watch stream: a check of its own (from
+            // `check_now` or `add_target_checked`) connects, checks and lets go.
+            let conn = self.connect(entry, deadline).await?;
+            return self.check_on(entry, conn.channel, deadline).await;
+        }
         let kept = lock(&entry.channel).clone();
         let conn = match kept {
             Some(conn) => match self.check_on(entry, conn.channel, deadline).await {

@@ -289,6 +289,12 @@ impl HealthConfig {
     /// here. The default parses the name as a URI (`http://10.0.0.7:50051`). The endpoint's
     /// own channel is used for probes only, never for application calls.
     ///
+    /// Plaintext (`http://`) probe connections go through the checker's own connector, which
+    /// reads the server's HTTP/2 frames (see [`probe`](crate::probe)); it applies the endpoint's
+    /// TCP settings (nodelay, TCP keepalive, connect timeout) but not
+    /// `Endpoint::local_address`, which tonic does not let anyone read back: give a
+    /// [`connector`](Self::connector) of your own if probes must bind a local address.
+    ///
     /// ```
     /// use health_layer::HealthConfig;
     /// use tonic::transport::Endpoint;

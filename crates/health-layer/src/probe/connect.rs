@@ -14,12 +14,16 @@
 //!   for too many pings (double the keepalive) from any other.
 //!
 //! TLS endpoints (`https://`, encrypted by tonic above the connector) and endpoints of other
-//! schemes are connected as tonic does, without these two.
+//! schemes are connected as tonic does, without these two. The connector applies the
+//! endpoint's TCP settings (nodelay, keepalive, connect timeout); `Endpoint::local_address`
+//! cannot be read back from tonic, so a probe connection does not bind it (give the checker a
+//! [`connector`](crate::HealthConfig::connector) of your own if you need one).
 
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -39,23 +43,23 @@ use crate::error::BoxError;
 
 /// A `GOAWAY` frame the server sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GoAway {
+pub(crate) struct GoAway {
     /// The last stream the server processed.
-    pub last_stream_id: u32,
+    pub(crate) last_stream_id: u32,
     /// The HTTP/2 error code (`0` `NO_ERROR`, `0xb` `ENHANCE_YOUR_CALM`, ...).
-    pub code: u32,
+    pub(crate) code: u32,
     /// The debug data, as text (lossy; at most [`MAX_DEBUG`] bytes kept).
-    pub debug: String,
+    pub(crate) debug: String,
 }
 
 /// The most debug data kept from a `GOAWAY`.
-pub const MAX_DEBUG: usize = 256;
+pub(crate) const MAX_DEBUG: usize = 256;
 
 impl GoAway {
     /// `GOAWAY ENHANCE_YOUR_CALM "too_many_pings"`: the client pinged more often than the
     /// server allows (gRFC A8).
-    pub fn is_too_many_pings(&self) -> bool {
-        self.code == 0xb && self.debug == "too_many_pings"
+    pub(crate) fn is_too_many_pings(&self) -> bool {
+        endpoint_state::transport::goaway_is_too_many_pings(self.code, self.debug.as_bytes())
     }
 
     fn code_name(&self) -> &'static str {
@@ -232,6 +236,7 @@ pub(crate) async fn connect_until(
     endpoint: &Endpoint,
     deadline: Instant,
     limit: Duration,
+    connections: &Arc<AtomicU64>,
 ) -> Result<ProbeConn, ProbeError> {
     let failed = |source: BoxError| {
         ProbeError::new(
@@ -244,6 +249,7 @@ pub(crate) async fn connect_until(
     };
     let attempt = async {
         if endpoint.uri().scheme_str() != Some("http") {
+            connections.fetch_add(1, Ordering::Relaxed);
             let channel = endpoint.connect().await.map_err(|e| failed(Box::new(e)))?;
             return Ok(ProbeConn {
                 channel,
@@ -251,7 +257,7 @@ pub(crate) async fn connect_until(
             });
         }
         let frames = ServerFrames::new();
-        let connector = WatchingConnector::new(endpoint, frames.clone());
+        let connector = WatchingConnector::new(endpoint, frames.clone(), connections.clone());
         let channel = match endpoint.connect_with_connector(connector).await {
             Ok(channel) => channel,
             Err(e) => {
@@ -309,10 +315,12 @@ impl std::error::Error for ArcError {
 struct WatchingConnector {
     http: HttpConnector,
     frames: ServerFrames,
+    /// Counts every connection made (the channel's own reconnections too).
+    connections: Arc<AtomicU64>,
 }
 
 impl WatchingConnector {
-    fn new(endpoint: &Endpoint, frames: ServerFrames) -> Self {
+    fn new(endpoint: &Endpoint, frames: ServerFrames, connections: Arc<AtomicU64>) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(endpoint.get_tcp_nodelay());
@@ -320,7 +328,11 @@ impl WatchingConnector {
         http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
         http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
         http.set_connect_timeout(endpoint.get_connect_timeout());
-        WatchingConnector { http, frames }
+        WatchingConnector {
+            http,
+            frames,
+            connections,
+        }
     }
 }
 
@@ -334,6 +346,7 @@ impl Service<Uri> for WatchingConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        self.connections.fetch_add(1, Ordering::Relaxed);
         let connecting = self.http.call(uri);
         let frames = self.frames.clone();
         Box::pin(async move {

@@ -41,7 +41,6 @@ use crate::error::BoxError;
 mod connect;
 #[cfg(feature = "http-probe")]
 mod http_probe;
-pub use connect::{GoAway, MAX_DEBUG};
 pub(crate) use connect::{ProbeConn, connect_until};
 #[cfg(feature = "http-probe")]
 pub use http_probe::{HttpAnswer, HttpProbe};
@@ -321,9 +320,12 @@ impl Error for ProbeError {
 pub async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Channel, ProbeError> {
     let target: Arc<str> = endpoint.uri().to_string().into();
     let deadline = Instant::now().checked_add(limit).unwrap_or_else(far_future);
-    Ok(connect_until(&target, endpoint, deadline, limit)
-        .await?
-        .channel)
+    let connections = Arc::default();
+    Ok(
+        connect_until(&target, endpoint, deadline, limit, &connections)
+            .await?
+            .channel,
+    )
 }
 
 /// An instant no timer reaches.
@@ -350,7 +352,8 @@ pub async fn check_once(
     let deadline = Instant::now()
         .checked_add(connect_limit)
         .unwrap_or_else(far_future);
-    let channel = connect_until(&target, endpoint, deadline, connect_limit)
+    let connections = Arc::default();
+    let channel = connect_until(&target, endpoint, deadline, connect_limit, &connections)
         .await?
         .channel;
     let request = tonic::Request::new(HealthCheckRequest {
