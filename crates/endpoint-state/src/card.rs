@@ -11,14 +11,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use crate::time::Secs;
+
+use crate::event::{CARD_EVENTS, CardEvent, LineState};
 use crate::peers::{Peers, PeersInner};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 /// Why a line is in its state, in words an operator can act on
@@ -172,8 +175,10 @@ struct Inner {
     version: AtomicU64,
     notify: Arc<Notify>,
     /// The peer set the card belongs to (weak: the set holds its cards). Read only on the
-    /// slow path, when the card is not eligible.
+    /// slow path, when the card is not eligible, and on a write.
     peers: Mutex<Weak<PeersInner>>,
+    /// The card's event stream, made by its first subscriber.
+    events: OnceLock<broadcast::Sender<CardEvent>>,
 }
 
 const HEALTH_ADMITS: u8 = 1;
@@ -260,6 +265,7 @@ impl EndpointCard {
                 version: AtomicU64::new(0),
                 notify: Arc::new(Notify::new()),
                 peers: Mutex::new(Weak::new()),
+                events: OnceLock::new(),
             }),
         }
     }
@@ -320,83 +326,85 @@ impl EndpointCard {
         self.inner.breaker.load().state
     }
 
-    /// Publish a health verdict. Returns whether the line changed.
-    pub fn set_health(&self, verdict: HealthVerdict, reason: Option<Reason>) -> bool {
+    /// Publish a health verdict. Returns the event when the line changed (`None` when the
+    /// verdict and the reason were already these).
+    pub fn set_health(&self, verdict: HealthVerdict, reason: Option<Reason>) -> Option<CardEvent> {
         let admits = verdict.admits();
         self.write(
-            LineKind::Health,
             &self.inner.health,
             verdict,
             reason,
             admits,
+            LineState::Health,
         )
     }
 
-    /// Quarantine the endpoint until `until`. Returns whether the line changed.
-    pub fn quarantine_until(&self, until: Instant, reason: Option<Reason>) -> bool {
+    /// Quarantine the endpoint until `until`. Returns the event when the line changed.
+    pub fn quarantine_until(&self, until: Instant, reason: Option<Reason>) -> Option<CardEvent> {
         self.write(
-            LineKind::Quarantine,
             &self.inner.quarantine,
             Quarantine { until: Some(until) },
             reason,
             false,
+            LineState::Quarantine,
         )
     }
 
-    /// Quarantine the endpoint for `duration` from now. Returns whether the line changed.
-    pub fn quarantine_for(&self, duration: Duration, reason: Option<Reason>) -> bool {
-        self.quarantine_until(Instant::now() + duration, reason)
+    /// Quarantine the endpoint for `duration` from now (saturating: a duration too long to
+    /// represent is a very long quarantine). Returns the event when the line changed.
+    pub fn quarantine_for(&self, duration: Duration, reason: Option<Reason>) -> Option<CardEvent> {
+        self.quarantine_until(crate::time::after(duration), reason)
     }
 
-    /// Lift the quarantine. Returns whether the line changed.
-    pub fn clear_quarantine(&self) -> bool {
+    /// Lift the quarantine. Returns the event when the line changed.
+    pub fn clear_quarantine(&self) -> Option<CardEvent> {
         self.write(
-            LineKind::Quarantine,
             &self.inner.quarantine,
             Quarantine::NONE,
             None,
             true,
+            LineState::Quarantine,
         )
     }
 
-    /// Publish the breaker's state. Returns whether the line changed.
-    pub fn set_breaker(&self, state: BreakerState, reason: Option<Reason>) -> bool {
+    /// Publish the breaker's state. Returns the event when the line changed.
+    pub fn set_breaker(&self, state: BreakerState, reason: Option<Reason>) -> Option<CardEvent> {
         let closed = matches!(state, BreakerState::Closed | BreakerState::Disabled);
         self.write(
-            LineKind::Breaker,
             &self.inner.breaker,
             state,
             reason,
             closed,
+            LineState::Breaker,
         )
     }
 
     /// Replace one line. `admits` says whether the new state admits calls unconditionally
-    /// (the line's bit in the fast word).
-    fn write<T: PartialEq>(
+    /// (the line's bit in the fast word). Wakes every waiter, then sends the change to the
+    /// card's subscribers and its peer set's.
+    fn write<T: PartialEq + Copy>(
         &self,
-        kind: LineKind,
         line: &ArcSwap<Line<T>>,
         state: T,
         reason: Option<Reason>,
         admits: bool,
-    ) -> bool {
-        {
+        wrap: fn(T) -> LineState,
+    ) -> Option<CardEvent> {
+        let kind = wrap(state).line();
+        let (from, at) = {
             // A poisoned lock only means another writer panicked between two stores; every
             // store below is whole, so carry on.
-            let _writing = self
-                .inner
-                .write
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let _writing = crate::sync::lock(&self.inner.write);
             let current = line.load();
             if current.state == state && current.reason == reason {
-                return false;
+                return None;
             }
+            let from = current.state;
+            let at = Instant::now();
             line.store(Arc::new(Line {
                 state,
-                reason,
-                since: Instant::now(),
+                reason: reason.clone(),
+                since: at,
             }));
             let bit = line_bit(kind);
             if admits {
@@ -405,9 +413,37 @@ impl EndpointCard {
                 self.inner.fast.fetch_and(!bit, Ordering::AcqRel);
             }
             self.inner.version.fetch_add(1, Ordering::AcqRel);
-        }
+            (from, at)
+        };
         self.inner.notify.notify_waiters();
-        true
+        let event = CardEvent {
+            target: self.inner.target.clone(),
+            line: kind,
+            from: wrap(from),
+            to: wrap(state),
+            reason,
+            at,
+        };
+        if let Some(tx) = self.inner.events.get() {
+            // No subscriber is fine; a lagging one loses its oldest events, never us.
+            let _ = tx.send(event.clone());
+        }
+        if let Some(peers) = self.peer_set() {
+            peers.emit(&event);
+        }
+        Some(event)
+    }
+
+    /// The card's changes, one [`CardEvent`] per effective write of any line, from now on.
+    ///
+    /// Each subscriber has its own bounded buffer ([`CARD_EVENTS`](crate::event::CARD_EVENTS));
+    /// writers never wait for it: one that falls further behind loses the oldest events and is
+    /// told how many (`RecvError::Lagged`). The card itself always holds the current lines.
+    pub fn subscribe(&self) -> broadcast::Receiver<CardEvent> {
+        self.inner
+            .events
+            .get_or_init(|| broadcast::channel(CARD_EVENTS).0)
+            .subscribe()
     }
 
     /// A consistent-enough read of the whole card: each line is read atomically, the lines
@@ -481,10 +517,7 @@ impl EndpointCard {
     }
 
     fn peers_slot(&self) -> std::sync::MutexGuard<'_, Weak<PeersInner>> {
-        self.inner
-            .peers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.inner.peers)
     }
 
     pub(crate) fn peer_set(&self) -> Option<Peers> {
@@ -611,15 +644,6 @@ impl Block {
             Block::Quarantined { .. } => LineKind::Quarantine,
             Block::Breaker { .. } => LineKind::Breaker,
         }
-    }
-}
-
-/// Seconds with one decimal, as operators read them (`3.2 s`).
-pub(crate) struct Secs(pub(crate) Duration);
-
-impl fmt::Display for Secs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:.1} s", self.0.as_secs_f64())
     }
 }
 

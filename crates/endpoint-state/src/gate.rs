@@ -4,7 +4,6 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
@@ -85,9 +84,6 @@ impl Clone for Gate {
         Gate::new(self.card.clone())
     }
 }
-
-/// Far enough that a disarmed timer never fires while anyone waits.
-const PARKED: Duration = Duration::from_secs(60 * 60 * 24 * 365);
 
 impl Gate {
     /// A gate on `card`.
@@ -171,7 +167,7 @@ impl Gate {
     fn disarm_timer(&mut self) {
         if self.sleep_armed {
             if let Some(sleep) = &mut self.sleep {
-                sleep.as_mut().reset(Instant::now() + PARKED);
+                sleep.as_mut().reset(crate::time::far_future());
             }
             self.sleep_armed = false;
         }

@@ -52,13 +52,21 @@
 //! # }
 //! ```
 
+pub mod backoff;
 pub mod card;
 pub mod classify;
+pub mod error;
+pub mod event;
 pub mod gate;
 pub mod peers;
+pub mod rng;
+pub mod sync;
+pub mod time;
 #[cfg(feature = "transport")]
 pub mod transport;
 
+#[doc(inline)]
+pub use backoff::Backoff;
 #[doc(inline)]
 pub use card::{
     Block, BreakerLine, BreakerState, CardSnapshot, Changed, EndpointCard, HasCard, HealthLine,
@@ -69,6 +77,10 @@ pub use classify::{
     CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, NotProcessed, OnOutcome,
     Outcome, OutcomeSource, ResponseFuture, Verdict, code_name, error_chain, is_not_processed,
 };
+#[doc(inline)]
+pub use error::{BoxError, ConfigError};
+#[doc(inline)]
+pub use event::{CardEvent, LineState};
 #[doc(inline)]
 pub use gate::{Gate, GateCheck, Opened, PassiveCheck, PassiveGate, PassiveOpened};
 #[doc(inline)]

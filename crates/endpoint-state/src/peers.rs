@@ -39,11 +39,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 use crate::card::{BreakerState, EndpointCard};
+use crate::event::{CardEvent, PEER_EVENTS};
 
 /// A set of peer endpoints' cards: the endpoints among which one choice is made.
 ///
@@ -57,6 +58,8 @@ pub struct Peers {
 
 pub(crate) struct PeersInner {
     members: ArcSwap<Members>,
+    /// Every change of every member's card.
+    events: broadcast::Sender<CardEvent>,
     /// Serializes writers; never taken to read.
     write: Mutex<()>,
     /// Woken when a member leaves (or is replaced).
@@ -138,15 +141,13 @@ impl Peers {
                 }),
                 write: Mutex::new(()),
                 left: Arc::new(Notify::new()),
+                events: broadcast::channel(PEER_EVENTS).0,
             }),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.inner
-            .write
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.inner.write)
     }
 
     /// Adds `card` and makes this set its peer set (a card belongs to one set at a time:
@@ -322,6 +323,19 @@ impl Peers {
     /// Completes when a member leaves (or is replaced) after this call.
     pub fn member_left(&self) -> OwnedNotified {
         self.inner.left.clone().notified_owned()
+    }
+
+    /// Every member's changes, one [`CardEvent`] per effective write of any line of any
+    /// member's card, from now on. Bounded as [`EndpointCard::subscribe`] is (with room for
+    /// [`PEER_EVENTS`](crate::event::PEER_EVENTS)).
+    pub fn subscribe(&self) -> broadcast::Receiver<CardEvent> {
+        self.inner.events.subscribe()
+    }
+
+    pub(crate) fn emit(&self, event: &CardEvent) {
+        if self.inner.events.receiver_count() > 0 {
+            let _ = self.inner.events.send(event.clone());
+        }
     }
 
     pub(crate) fn from_inner(inner: Arc<PeersInner>) -> Self {

@@ -208,7 +208,7 @@ fn racing_writers_of_one_line_never_lose_a_change() {
                 let mut changed = 0u64;
                 for i in 0..500 {
                     let r: Reason = format!("{v} {i}").into();
-                    changed += u64::from(card.set_health(v, Some(r)));
+                    changed += u64::from(card.set_health(v, Some(r)).is_some());
                 }
                 changed
             })
@@ -289,11 +289,14 @@ fn a_fresh_card_admits_and_unknown_health_does_not() {
 #[test]
 fn a_write_that_changes_nothing_is_skipped() {
     let card = EndpointCard::new("b1");
-    assert!(card.set_health(HealthVerdict::Healthy, None));
+    assert!(card.set_health(HealthVerdict::Healthy, None).is_some());
     let v = card.version();
-    assert!(!card.set_health(HealthVerdict::Healthy, None));
+    assert!(card.set_health(HealthVerdict::Healthy, None).is_none());
     assert_eq!(card.version(), v);
-    assert!(card.set_health(HealthVerdict::Healthy, Some("SERVING".into())));
+    assert!(
+        card.set_health(HealthVerdict::Healthy, Some("SERVING".into()))
+            .is_some()
+    );
     assert_eq!(card.version(), v + 1);
 }
 
@@ -305,4 +308,52 @@ async fn changed_completes_on_a_write_made_before_its_first_poll() {
     tokio::time::timeout(Duration::from_secs(5), changed)
         .await
         .expect("the change made after creating the future completes it");
+}
+
+#[tokio::test]
+async fn every_change_of_a_line_is_one_event_on_the_card_and_on_its_peer_set() {
+    use endpoint_state::{CardEvent, LineKind, LineState, Peers};
+    let peers = Peers::new();
+    let (b1, b2) = (EndpointCard::new("b1"), EndpointCard::new("b2"));
+    peers.add(&b1);
+    peers.add(&b2);
+    let mut on_card = b1.subscribe();
+    let mut on_set = peers.subscribe();
+
+    let event = b1
+        .set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()))
+        .unwrap();
+    assert_eq!(event.line, LineKind::Health);
+    assert_eq!(event.from, LineState::Health(HealthVerdict::NotChecked));
+    assert_eq!(event.to, LineState::Health(HealthVerdict::Unhealthy));
+    assert!(event.is_transition());
+    assert_eq!(
+        event.to_string(),
+        "b1: not checked -> unhealthy (NOT_SERVING)"
+    );
+    // The same write again is no change, and no event.
+    assert!(
+        b1.set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()))
+            .is_none()
+    );
+    // A new reason alone is a change, but not a transition.
+    let reason_only = b1
+        .set_health(HealthVerdict::Unhealthy, Some("SERVICE_UNKNOWN".into()))
+        .unwrap();
+    assert!(!reason_only.is_transition());
+    b2.quarantine_for(Duration::from_secs(5), Some("UNAVAILABLE".into()));
+
+    let card_events: Vec<CardEvent> = std::iter::from_fn(|| on_card.try_recv().ok()).collect();
+    assert_eq!(card_events, [event.clone(), reason_only.clone()]);
+    let set_events: Vec<CardEvent> = std::iter::from_fn(|| on_set.try_recv().ok()).collect();
+    assert_eq!(set_events.len(), 3, "{set_events:?}");
+    assert_eq!(set_events[..2], [event, reason_only]);
+    assert_eq!(set_events[2].line, LineKind::Quarantine);
+    assert_eq!(&*set_events[2].target, "b2");
+    assert_eq!(set_events[2].to.to_string(), "quarantined");
+
+    // A card that leaves the set no longer reports to it.
+    peers.remove("b2");
+    b2.clear_quarantine();
+    assert!(on_set.try_recv().is_err());
 }

@@ -295,7 +295,7 @@ impl QuarantineGroup {
         let now = Instant::now();
         let mut strikes = lock(&member.strikes);
         let was = member.card.quarantine_state().active_at(now);
-        if member.card.clear_quarantine() {
+        if member.card.clear_quarantine().is_some() {
             strikes.last_end = Some(strikes.last_end.map_or(now, |end| end.min(now)));
             tracing::info!(target = %member.card.target(), "quarantine lifted by the operator");
         }
@@ -459,7 +459,7 @@ impl GroupInner {
         if member.card.quarantine_state().until != Some(seen_until) {
             return;
         }
-        if member.card.clear_quarantine() {
+        if member.card.clear_quarantine().is_some() {
             strikes.last_end = Some(seen_until.min(now));
             tracing::info!(
                 target = %member.card.target(),

@@ -1,0 +1,29 @@
+//! gRPC outcome classification.
+//!
+//! A gRPC call's outcome can be found in four places, and all four are read here:
+//!
+//! 1. the service's `Err` — a transport error (connect refused, reset, h2 error) counts as
+//!    `UNAVAILABLE`, a local timeout as `DEADLINE_EXCEEDED` (tonic itself reports its own
+//!    timeout as `CANCELLED`);
+//! 2. `grpc-status` in the response headers (a *trailers-only* response, which is how most
+//!    errors arrive), or an HTTP status other than 200 without one;
+//! 3. `grpc-status` in the trailers at the end of the body (streams and ordinary unary replies);
+//! 4. the response future or body dropped before the end: the caller gave up, which counts as
+//!    neither success nor failure ([`Outcome::Abandoned`]).
+//!
+//! [`ResponseFuture`] and [`ClassifiedBody`] find the outcome and hand it, exactly once, to an
+//! [`OnOutcome`]; [`FailureCodes`] says which codes a layer counts as failures.
+
+mod body;
+mod future;
+mod layer;
+mod outcome;
+mod status;
+
+pub use body::ClassifiedBody;
+pub use future::ResponseFuture;
+pub use layer::{Classify, ClassifyLayer};
+pub use outcome::{FailureCodes, NotProcessed, OnOutcome, Outcome, Verdict, is_not_processed};
+pub use status::{CallStatus, OutcomeSource, code_name};
+
+pub use crate::error::{BoxError, error_chain};
