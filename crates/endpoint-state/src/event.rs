@@ -1,6 +1,6 @@
 //! One event vocabulary: every change of a line of a card — a health verdict, a quarantine, a
 //! breaker's state — is a [`CardEvent`], whichever layer wrote it. Metrics, logs and callbacks
-//! all observe the same stream: on one card ([`EndpointCard::subscribe`]), or on every card of
+//! all observe the same stream: on one card ([`EndpointCard::subscribe`](crate::EndpointCard::subscribe)), or on every card of
 //! a peer set ([`Peers::subscribe`](crate::Peers::subscribe)).
 
 use std::fmt;

@@ -55,9 +55,11 @@
 pub mod backoff;
 pub mod card;
 pub mod classify;
+mod eligibility;
 pub mod error;
 pub mod event;
 pub mod gate;
+mod line;
 pub mod peers;
 pub mod rng;
 pub mod sync;
