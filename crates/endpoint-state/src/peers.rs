@@ -327,7 +327,7 @@ impl Peers {
 
     /// Every member's changes, one [`CardEvent`] per effective write of any line of any
     /// member's card, from now on. Bounded as [`EndpointCard::subscribe`] is (with room for
-    /// [`PEER_EVENTS`](crate::event::PEER_EVENTS)).
+    /// [`PEER_EVENTS`]).
     pub fn subscribe(&self) -> broadcast::Receiver<CardEvent> {
         self.inner.events.subscribe()
     }
