@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use grpc_client_kit::health::{HealthConfig, ProbeMode, WatchBackoff};
+use grpc_client_kit::health::{Backoff, HealthConfig, ProbeMode};
 use grpc_client_kit::{Kit, KitChannel};
 use test_backends::Backends;
 use test_backends::pb::Ping;
@@ -35,10 +35,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             HealthConfig::new()
                 .mode(ProbeMode::Watch)
                 .timeout(Duration::from_secs(2))
-                .watch_backoff(WatchBackoff {
+                .watch_backoff(Backoff {
                     initial: Duration::from_millis(100),
                     max: Duration::from_secs(1),
-                    ..WatchBackoff::default()
+                    ..HealthConfig::DEFAULT_WATCH_BACKOFF
                 }),
         )
         .build()?;

@@ -16,12 +16,12 @@ use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use balance_layer::{Balance, BalanceConfig, RequestDeadline, Strategy, WithoutCards};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use endpoint_state::{EndpointCard, HasCard};
-use test_backends::Backends;
+use test_backends::bench;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
 use tower::discover::{Change, ServiceList};
@@ -29,7 +29,7 @@ use tower::load::{CompleteOnResponse, PendingRequests};
 use tower::{Service, ServiceExt};
 
 const SIZES: [usize; 3] = [3, 100, 10_000];
-const CALLERS: usize = 4;
+const CALLERS: u64 = 4;
 
 /// The request of the no-op benchmarks.
 #[derive(Debug, Clone, Copy, Default)]
@@ -113,24 +113,27 @@ where
     assert!(fut.poll(cx).is_ready());
 }
 
+/// Our balancer in the comparisons: round-robin (the default) and least-in-flight (the strategy
+/// comparable to p2c).
+fn ours_strategies() -> [(&'static str, Strategy); 2] {
+    [
+        ("ours_round_robin", Strategy::RoundRobin),
+        ("ours_least_in_flight", Strategy::LeastInFlight),
+    ]
+}
+
 fn single(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = bench::runtime(2);
     let _guard = rt.enter();
     let mut g = c.benchmark_group("pick_call/single");
     for n in SIZES {
         let cx = &mut Context::from_waker(Waker::noop());
-        let mut rr = ours(n, Strategy::RoundRobin);
-        g.bench_function(BenchmarkId::new("ours_round_robin", n), |b| {
-            b.iter(|| pick_call(&mut rr, cx))
-        });
-        let mut lif = ours(n, Strategy::LeastInFlight);
-        g.bench_function(BenchmarkId::new("ours_least_in_flight", n), |b| {
-            b.iter(|| pick_call(&mut lif, cx))
-        });
+        for (name, strategy) in ours_strategies() {
+            let mut svc = ours(n, strategy);
+            g.bench_function(BenchmarkId::new(name, n), |b| {
+                b.iter(|| pick_call(&mut svc, cx))
+            });
+        }
         let mut p2c = tower_p2c(n);
         // Let p2c take in discovery and poll its endpoints ready once.
         pick_call(&mut p2c, cx);
@@ -148,43 +151,27 @@ where
     S::Future: Send,
     S::Error: std::fmt::Debug + Send,
 {
-    let per_task = iters.div_ceil(CALLERS as u64);
-    rt.block_on(async {
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..CALLERS)
-            .map(|_| {
-                let mut svc = svc.clone();
-                tokio::spawn(async move {
-                    for _ in 0..per_task {
-                        svc.ready().await.unwrap().call(Req).await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
+    rt.block_on(bench::concurrent(CALLERS, iters, |calls| {
+        let mut svc = svc.clone();
+        async move {
+            for _ in 0..calls {
+                svc.ready().await.unwrap().call(Req).await.unwrap();
+            }
         }
-        start.elapsed()
-    })
+    }))
 }
 
 fn concurrent(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = bench::runtime(2);
     let _guard = rt.enter();
     let mut g = c.benchmark_group("pick_call/concurrent");
     for n in SIZES {
-        let rr = ours(n, Strategy::RoundRobin);
-        g.bench_function(BenchmarkId::new("ours_round_robin", n), |b| {
-            b.iter_custom(|iters| run_concurrent(&rt, &rr, iters))
-        });
-        let lif = ours(n, Strategy::LeastInFlight);
-        g.bench_function(BenchmarkId::new("ours_least_in_flight", n), |b| {
-            b.iter_custom(|iters| run_concurrent(&rt, &lif, iters))
-        });
+        for (name, strategy) in ours_strategies() {
+            let svc = ours(n, strategy);
+            g.bench_function(BenchmarkId::new(name, n), |b| {
+                b.iter_custom(|iters| run_concurrent(&rt, &svc, iters))
+            });
+        }
         let p2c = tower::buffer::Buffer::new(tower_p2c(n), 1024);
         g.bench_function(BenchmarkId::new("tower_p2c_buffered", n), |b| {
             b.iter_custom(|iters| run_concurrent(&rt, &p2c, iters))
@@ -194,12 +181,8 @@ fn concurrent(c: &mut Criterion) {
 }
 
 fn e2e(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let backends = rt.block_on(Backends::start(3)).unwrap();
+    let rt = bench::runtime(2);
+    let backends = bench::backends(&rt, 3);
     let endpoint = |uri: String| tonic::transport::Endpoint::from_shared(uri).unwrap();
 
     let tonic_client = {

@@ -64,7 +64,7 @@ fn fraction_to_u64(f: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::weyl;
+    use endpoint_state::rng::weyl;
 
     fn shares(weights: &[f64], draws: u64) -> Vec<u64> {
         let table = Alias::new(weights).unwrap();

@@ -5,7 +5,7 @@
 //! `service_fn`), wrap each in [`NoCard`] — or the whole discovery stream in
 //! [`WithoutCards`] — and every endpoint counts as eligible (its readiness still applies).
 //! [`WithCard`] attaches a card that something else writes (a health checker you run
-//! yourself, for instance).
+//! yourself, for instance). Both are a [`PlainEndpoint`], which differs only in its card.
 
 use std::fmt;
 use std::pin::Pin;
@@ -17,19 +17,38 @@ use pin_project_lite::pin_project;
 use tower::discover::{Change, Discover};
 use tower_service::Service;
 
+/// A plain service as an endpoint of the balancer, with the card `C` the balancer reads for it:
+/// none (`()`, [`NoCard`]) or an [`EndpointCard`] ([`WithCard`]). The service itself is not
+/// gated by the card; its own `poll_ready` still decides when it is picked.
+#[derive(Clone, Debug, Default)]
+pub struct PlainEndpoint<S, C> {
+    inner: S,
+    card: C,
+}
+
 /// A plain service seen by the balancer as an endpoint without a card: always eligible,
 /// picked only when its own `poll_ready` is ready.
-#[derive(Clone, Debug, Default)]
-pub struct NoCard<S> {
-    inner: S,
-}
+pub type NoCard<S> = PlainEndpoint<S, ()>;
+
+/// A plain service with a card attached: the balancer reads the card for eligibility (and
+/// names it in errors); the service itself is not gated by it.
+pub type WithCard<S> = PlainEndpoint<S, EndpointCard>;
 
 impl<S> NoCard<S> {
     /// Wrap `inner`.
     pub fn new(inner: S) -> Self {
-        NoCard { inner }
+        PlainEndpoint { inner, card: () }
     }
+}
 
+impl<S> WithCard<S> {
+    /// Attach `card` to `inner`.
+    pub fn new(inner: S, card: EndpointCard) -> Self {
+        PlainEndpoint { inner, card }
+    }
+}
+
+impl<S, C> PlainEndpoint<S, C> {
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -52,57 +71,13 @@ impl<S> HasCard for NoCard<S> {
     }
 }
 
-impl<S: Service<R>, R> Service<R> for NoCard<S> {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: R) -> S::Future {
-        self.inner.call(req)
-    }
-}
-
-/// A plain service with a card attached: the balancer reads the card for eligibility (and
-/// names it in errors); the service itself is not gated by it.
-#[derive(Clone, Debug)]
-pub struct WithCard<S> {
-    inner: S,
-    card: EndpointCard,
-}
-
-impl<S> WithCard<S> {
-    /// Attach `card` to `inner`.
-    pub fn new(inner: S, card: EndpointCard) -> Self {
-        WithCard { inner, card }
-    }
-
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwrap.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
 impl<S> HasCard for WithCard<S> {
     fn card(&self) -> Option<&EndpointCard> {
         Some(&self.card)
     }
 }
 
-impl<S: Service<R>, R> Service<R> for WithCard<S> {
+impl<S: Service<R>, R, C> Service<R> for PlainEndpoint<S, C> {
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;

@@ -1,4 +1,5 @@
-//! The balancer's errors.
+//! The balancer's errors. A configuration it refuses is an
+//! [`endpoint_state::ConfigError`] (configuration `balancer`).
 
 use std::error::Error;
 use std::fmt;
@@ -6,55 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use endpoint_state::Ineligible;
+use endpoint_state::time::Secs;
 use tonic::{Code, Status};
 
 /// The error type of [`Balance`](crate::Balance): an endpoint's own error, or
-/// [`NoHealthyTargets`].
-pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
-
-/// A configuration the balancer refuses to build with; names the field and the value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidConfig {
-    field: String,
-    value: String,
-    problem: &'static str,
-}
-
-impl InvalidConfig {
-    pub(crate) fn new(
-        field: impl Into<String>,
-        value: impl Into<String>,
-        problem: &'static str,
-    ) -> Self {
-        InvalidConfig {
-            field: field.into(),
-            value: value.into(),
-            problem,
-        }
-    }
-
-    /// The field at fault, e.g. `weights[b2]`.
-    pub fn field(&self) -> &str {
-        &self.field
-    }
-
-    /// The offending value as written, e.g. `-1` or `NaN`.
-    pub fn value(&self) -> &str {
-        &self.value
-    }
-}
-
-impl fmt::Display for InvalidConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid balancer configuration: {} = {}: {}",
-            self.field, self.value, self.problem
-        )
-    }
-}
-
-impl Error for InvalidConfig {}
+/// [`NoHealthyTargets`]. The kit's one boxed error type
+/// ([`endpoint_state::BoxError`]).
+#[doc(no_inline)]
+pub use endpoint_state::BoxError;
 
 /// Why one target was skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +129,7 @@ impl fmt::Display for NoHealthyTargets {
             }
         }
         if let Some(waited) = self.waited {
-            write!(f, " (waited {:.1} s)", waited.as_secs_f64())?;
+            write!(f, " (waited {})", Secs(waited))?;
         }
         Ok(())
     }

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use endpoint_state::time;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::deadline::RequestDeadline;
 use crate::error::BoxError;
-use crate::service::{Owner, Picked, Picker, Reserved, Taken};
-use crate::shared::{Endpoint, Shared};
+use crate::picker::{Picked, Picker, Reserved, Taken};
+use crate::shared::{Endpoint, Owner, Shared};
 
 pin_project! {
     /// The response future of [`Balance`](crate::Balance): the chosen endpoint's own future,
@@ -198,10 +199,8 @@ where
             (Some(b), _) => (Some(b), true),
             (None, m) => (m, false),
         };
-        // A limit too far to represent is no limit.
-        let deadline = limit
-            .and_then(|d| started.checked_add(d))
-            .map(|at| Box::pin(tokio::time::sleep_until(at)));
+        // A limit too far to represent ends in the far future: no limit in practice.
+        let deadline = limit.map(|d| Box::pin(tokio::time::sleep_until(time::after(d))));
         tracing::debug!(limit = ?limit, ?wait, "balance: nothing eligible; waiting");
         ResponseFuture {
             state: State::Waiting {

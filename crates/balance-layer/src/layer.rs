@@ -5,12 +5,12 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use endpoint_state::HasCard;
+use endpoint_state::{ConfigError, HasCard};
 use tower::discover::Discover;
 use tower_layer::Layer;
 
 use crate::config::BalanceConfig;
-use crate::error::{BoxError, InvalidConfig};
+use crate::error::BoxError;
 use crate::service::Balance;
 use crate::shared::Settings;
 
@@ -37,7 +37,7 @@ impl<Req> Clone for BalanceLayer<Req> {
 
 impl<Req> BalanceLayer<Req> {
     /// Validates `config` (the error names the field and the value).
-    pub fn new(config: BalanceConfig) -> Result<Self, InvalidConfig> {
+    pub fn new(config: BalanceConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(BalanceLayer {
             config: Arc::new(config),

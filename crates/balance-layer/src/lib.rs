@@ -35,6 +35,12 @@
 //!   tonic client receives as `UNAVAILABLE`. With [`BalanceConfig::wait_for_ready`] the call
 //!   waits instead, up to its own deadline.
 //!
+//! The configuration is a plain [`BalanceConfig`], validated when the balancer is built (an
+//! invalid one is an [`endpoint_state::ConfigError`] naming the field and the value). With the
+//! `serde` feature it is also read from a configuration file, under the names it has here
+//! (`strategy = "weighted"`, `[weights]`, `[peak_ewma]`, `wait_for_ready`, `max_wait = "2s"`,
+//! `connecting_wait`, `seed`); unknown fields are refused.
+//!
 //! Endpoints are any `Service + Clone + HasCard`: every layer of the kit implements
 //! [`HasCard`](endpoint_state::HasCard). Plain services without a card (a bare tonic
 //! `Channel`) go in [`NoCard`] (or a whole discovery stream in [`WithoutCards`]): always
@@ -84,13 +90,13 @@ mod driver;
 pub mod error;
 pub mod future;
 mod layer;
-mod rng;
+mod picker;
 mod service;
 mod shared;
 
-pub use cards::{NoCard, WithCard, WithoutCards};
+pub use cards::{NoCard, PlainEndpoint, WithCard, WithoutCards};
 pub use config::{BalanceConfig, PeakEwma, Strategy, Weights};
 pub use deadline::{RequestDeadline, grpc_timeout};
-pub use error::{InvalidConfig, NoHealthyTargets};
+pub use error::NoHealthyTargets;
 pub use layer::BalanceLayer;
 pub use service::Balance;

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use endpoint_state::rng::{self, Rng};
+use endpoint_state::sync::lock;
 use endpoint_state::{EndpointCard, HealthVerdict, Peers};
 use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
@@ -14,7 +16,6 @@ use tokio::time::Instant;
 use crate::alias::Alias;
 use crate::config::{BalanceConfig, Strategy, Weights};
 use crate::error::{NoHealthyTargets, Skip, SkippedTarget};
-use crate::rng::{self, Rng};
 
 /// The validated configuration, in the shape the request path reads it.
 #[derive(Debug)]
@@ -72,6 +73,18 @@ impl Settings {
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct Padded<T>(pub(crate) T);
+
+/// Stops the background task when the last balancer handle is dropped.
+pub(crate) struct Owner<K, S> {
+    pub(crate) shared: Arc<Shared<K, S>>,
+}
+
+impl<K, S> Drop for Owner<K, S> {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.driver.wake();
+    }
+}
 
 pub(crate) struct Shared<K, S> {
     pub(crate) snapshot: ArcSwap<Snapshot<K, S>>,
@@ -268,7 +281,7 @@ impl<K, S> Endpoint<K, S> {
 
     /// Drops the spares (the endpoint is out of rotation: let its connection go).
     fn clear_spares(&self) {
-        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(|p| p.into_inner()));
+        let spares = std::mem::take(&mut *lock(&self.spares));
         drop(spares);
     }
 

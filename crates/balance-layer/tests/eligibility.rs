@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::convert::Infallible;
 use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,18 +11,12 @@ use std::time::Duration;
 use balance_layer::error::BoxError;
 use balance_layer::{Balance, BalanceConfig, NoHealthyTargets};
 use endpoint_state::{BreakerState, HealthVerdict};
-use futures_util::FutureExt;
-use support::{Req, carded, list_counted, settle, tally};
+use futures_util::{FutureExt, Stream};
+use support::{Counted, Req, call, carded, list_counted, settle, tally};
 use tokio::time::Instant;
 use tokio_test::{assert_pending, assert_ready};
+use tower::discover::Change;
 use tower::{Service, ServiceExt};
-
-async fn call<S>(svc: &mut S, req: Req) -> Result<Arc<str>, BoxError>
-where
-    S: Service<Req, Response = Arc<str>, Error = BoxError>,
-{
-    svc.ready().await?.call(req).await
-}
 
 fn no_healthy(e: BoxError) -> Box<NoHealthyTargets> {
     e.downcast::<NoHealthyTargets>()
@@ -187,20 +182,24 @@ async fn an_open_breaker_deadline_reopens_the_endpoint() {
     settle(|| balance.eligible_targets().len() == 2).await;
 }
 
-fn all_unhealthy(eps: &[support::Counted]) {
+/// A balancer with `config` over `eps`, every one of them unhealthy, once it has seen that.
+async fn all_unhealthy(
+    eps: &[Counted],
+    config: BalanceConfig,
+) -> Balance<impl Stream<Item = Result<Change<String, Counted>, Infallible>> + Send + use<>, Req> {
     for e in eps {
         e.card()
             .set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
     }
+    let balance = Balance::new(list_counted(eps), config).unwrap();
+    settle(|| balance.eligible_targets().is_empty()).await;
+    balance
 }
 
 #[tokio::test(start_paused = true)]
 async fn wait_for_ready_waits_and_proceeds_when_one_comes_back() {
     let eps = carded(3);
-    all_unhealthy(&eps);
-    let config = BalanceConfig::new().wait_for_ready(true);
-    let mut balance = Balance::new(list_counted(&eps), config).unwrap();
-    settle(|| balance.eligible_targets().is_empty()).await;
+    let mut balance = all_unhealthy(&eps, BalanceConfig::new().wait_for_ready(true)).await;
 
     let start = Instant::now();
     let fut = balance.ready().await.unwrap().call(Req::default());
@@ -220,10 +219,7 @@ async fn wait_for_ready_waits_and_proceeds_when_one_comes_back() {
 #[tokio::test(start_paused = true)]
 async fn wait_for_ready_fails_at_the_callers_deadline() {
     let eps = carded(2);
-    all_unhealthy(&eps);
-    let config = BalanceConfig::new().wait_for_ready(true);
-    let mut balance = Balance::new(list_counted(&eps), config).unwrap();
-    settle(|| balance.eligible_targets().is_empty()).await;
+    let mut balance = all_unhealthy(&eps, BalanceConfig::new().wait_for_ready(true)).await;
 
     let start = Instant::now();
     let req = Req {
@@ -247,12 +243,10 @@ async fn wait_for_ready_fails_at_the_callers_deadline() {
 #[tokio::test(start_paused = true)]
 async fn wait_for_ready_is_capped_by_max_wait() {
     let eps = carded(1);
-    all_unhealthy(&eps);
     let config = BalanceConfig::new()
         .wait_for_ready(true)
         .max_wait(Duration::from_millis(500));
-    let mut balance = Balance::new(list_counted(&eps), config).unwrap();
-    settle(|| balance.eligible_targets().is_empty()).await;
+    let mut balance = all_unhealthy(&eps, config).await;
 
     let start = Instant::now();
     // The caller would wait 10 s; the balancer's cap is 0.5 s: UNAVAILABLE, not a deadline.
@@ -274,7 +268,7 @@ async fn a_waiting_call_keeps_discovery_alive_and_sees_new_endpoints() {
     let mut fut = tokio_test::task::spawn(fut);
     assert_pending!(fut.poll());
 
-    let late = support::Counted::carded("late");
+    let late = Counted::carded("late");
     tx.send(tower::discover::Change::Insert(
         "late".to_string(),
         late.clone(),

@@ -4,18 +4,18 @@
 mod support;
 
 use std::convert::Infallible;
-use std::future::{Ready, ready};
+use std::future::{Future, Ready, ready};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use balance_layer::{Balance, BalanceConfig, NoCard, NoHealthyTargets, WithCard, WithoutCards};
 use endpoint_state::{EndpointCard, HasCard, HealthVerdict};
-use futures_util::FutureExt;
-use support::{Counted, Req, list, settle};
+use futures_util::{FutureExt, Stream, TryStreamExt};
+use support::{Counted, Req, call, list, settle};
 use tokio_test::{assert_pending, assert_ready_ok, task};
-use tower::discover::ServiceList;
-use tower::{Service, ServiceExt};
+use tower::Service;
+use tower::discover::{Change, ServiceList};
 use tower_test::mock;
 
 type Mock = mock::Mock<Req, Arc<str>>;
@@ -32,22 +32,28 @@ fn mocks(n: usize) -> (Named<NoCard<Mock>>, Vec<Handle>) {
         .unzip()
 }
 
+/// A discovery of two endpoints: the mock `m0` and `other`, keyed by their names.
+fn mock_and(
+    mock: Mock,
+    other: &Counted,
+) -> impl Stream<Item = Result<Change<String, Either>, Infallible>> + use<> {
+    futures_util::stream::iter([
+        Ok(Change::Insert("m0".to_string(), Either::A(mock))),
+        Ok(Change::Insert(
+            other.name.to_string(),
+            Either::B(other.clone()),
+        )),
+    ])
+}
+
 #[tokio::test]
 async fn an_endpoint_that_is_not_ready_is_skipped_for_one_that_is() {
     let (mut eps, mut handles) = mocks(1);
     handles[0].allow(0);
     let ready_one = Counted::plain("ready");
+    let mock = eps.remove(0).1.into_inner();
     let mut balance = Balance::new(
-        WithoutCards::new(futures_util::stream::iter([
-            Ok::<_, Infallible>(tower::discover::Change::Insert(
-                "m0".to_string(),
-                Either::A(eps.remove(0).1.into_inner()),
-            )),
-            Ok(tower::discover::Change::Insert(
-                "ready".to_string(),
-                Either::B(ready_one.clone()),
-            )),
-        ])),
+        WithoutCards::new(mock_and(mock, &ready_one)),
         BalanceConfig::new(),
     )
     .unwrap();
@@ -101,8 +107,9 @@ impl Service<Req> for Either {
     }
 }
 
-#[tokio::test]
-async fn pending_while_nothing_is_ready_and_woken_when_one_is() {
+/// Two endpoints, neither ready: a clone waits without a busy re-poll, and endpoint `which`
+/// becoming ready wakes it and takes the call.
+async fn nothing_ready_until(which: usize) {
     let (eps, mut handles) = mocks(2);
     for h in &mut handles {
         h.allow(0);
@@ -113,32 +120,25 @@ async fn pending_while_nothing_is_ready_and_woken_when_one_is() {
     assert_pending!(t.enter(|cx, _| balance.poll_ready(cx)));
     assert!(!t.is_woken(), "no busy re-poll");
 
-    // Either endpoint becoming ready wakes the waiting clone: here the first one tried.
-    handles[0].allow(1);
+    handles[which].allow(1);
     assert!(t.is_woken());
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
     let fut = balance.call(Req::default());
-    let (_, reply) = handles[0].next_request().await.unwrap();
-    reply.send_response(Arc::from("m0"));
-    assert_eq!(&*fut.await.unwrap(), "m0");
+    let (_, reply) = handles[which].next_request().await.unwrap();
+    let name = format!("m{which}");
+    reply.send_response(Arc::from(name.as_str()));
+    assert_eq!(*fut.await.unwrap(), *name);
+}
+
+#[tokio::test]
+async fn pending_while_nothing_is_ready_and_woken_when_one_is() {
+    // Either endpoint becoming ready wakes the waiting clone: here the first one tried.
+    nothing_ready_until(0).await;
 }
 
 #[tokio::test]
 async fn the_second_candidate_becoming_ready_wakes_too() {
-    let (eps, mut handles) = mocks(2);
-    for h in &mut handles {
-        h.allow(0);
-    }
-    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
-    let mut t = task::spawn(());
-    assert_pending!(t.enter(|cx, _| balance.poll_ready(cx)));
-    handles[1].allow(1);
-    assert!(t.is_woken());
-    assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
-    let fut = balance.call(Req::default());
-    let (_, reply) = handles[1].next_request().await.unwrap();
-    reply.send_response(Arc::from("m1"));
-    assert_eq!(&*fut.await.unwrap(), "m1");
+    nothing_ready_until(1).await;
 }
 
 /// An always-ready endpoint that counts how often it is polled ready and how many clones of
@@ -298,38 +298,19 @@ async fn an_endpoint_that_fails_poll_ready_is_taken_out_and_named() {
     let (mut eps, mut handles) = mocks(1);
     handles[0].send_error("connection pool closed");
     let backup = Counted::carded("backup");
-    let mut balance = Balance::new(
-        futures_util::stream::iter([
-            Ok::<_, Infallible>(tower::discover::Change::Insert(
-                "m0".to_string(),
-                Either::A(eps.remove(0).1.into_inner()),
-            )),
-            Ok(tower::discover::Change::Insert(
-                "backup".to_string(),
-                Either::B(backup.clone()),
-            )),
-        ])
-        .map_ok(|change| match change {
-            tower::discover::Change::Insert(k, Either::B(c)) => {
-                let card = c.card.clone().unwrap();
-                tower::discover::Change::Insert(k, WithCard::new(Either::B(c), card))
-            }
-            tower::discover::Change::Insert(k, a) => {
-                tower::discover::Change::Insert(k, WithCard::new(a, EndpointCard::new("m0")))
-            }
-            tower::discover::Change::Remove(k) => tower::discover::Change::Remove(k),
-        }),
-        BalanceConfig::new(),
-    )
-    .unwrap();
+    let mock = eps.remove(0).1.into_inner();
+    // Each with a card: the mock's own, and the backup's.
+    let discover = mock_and(mock, &backup).map_ok(|change| match change {
+        Change::Insert(k, Either::B(c)) => {
+            let card = c.card().clone();
+            Change::Insert(k, WithCard::new(Either::B(c), card))
+        }
+        Change::Insert(k, a) => Change::Insert(k, WithCard::new(a, EndpointCard::new("m0"))),
+        Change::Remove(k) => Change::Remove(k),
+    });
+    let mut balance = Balance::new(discover, BalanceConfig::new()).unwrap();
     for _ in 0..4 {
-        let reply = balance
-            .ready()
-            .await
-            .unwrap()
-            .call(Req::default())
-            .await
-            .unwrap();
+        let reply = call(&mut balance, Req::default()).await.unwrap();
         assert_eq!(&*reply, "backup");
     }
     settle(|| balance.eligible_targets().len() == 1).await;
@@ -338,13 +319,7 @@ async fn an_endpoint_that_fails_poll_ready_is_taken_out_and_named() {
         .card()
         .set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
     settle(|| balance.eligible_targets().is_empty()).await;
-    let err = balance
-        .ready()
-        .await
-        .unwrap()
-        .call(Req::default())
-        .await
-        .unwrap_err();
+    let err = call(&mut balance, Req::default()).await.unwrap_err();
     let text = err.to_string();
     assert!(
         text.contains("m0: failed: connection pool closed"),
@@ -352,8 +327,6 @@ async fn an_endpoint_that_fails_poll_ready_is_taken_out_and_named() {
     );
     assert!(text.contains("backup: unhealthy (NOT_SERVING)"), "{text}");
 }
-
-use futures_util::TryStreamExt;
 
 #[tokio::test]
 async fn no_worker_hop_the_call_completes_on_its_first_poll() {
@@ -372,5 +345,3 @@ async fn no_worker_hop_the_call_completes_on_its_first_poll() {
     }
     assert!(eps.iter().all(|e| e.hits() == 3));
 }
-
-use std::future::Future;

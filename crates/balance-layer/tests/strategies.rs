@@ -9,33 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use balance_layer::error::BoxError;
-use balance_layer::{
-    Balance, BalanceConfig, BalanceLayer, InvalidConfig, PeakEwma, Strategy, Weights,
-};
-use endpoint_state::{EndpointCard, HasCard, HealthVerdict};
+use balance_layer::{Balance, BalanceConfig, BalanceLayer, PeakEwma, Strategy, Weights};
+use endpoint_state::{ConfigError, EndpointCard, HasCard, HealthVerdict};
 use futures_util::FutureExt;
-use support::{Counted, Req, carded, list, list_counted, tally};
+use support::{Counted, Req, calls, carded, list, list_counted, tally};
 use tower::{Service, ServiceExt};
-
-/// `n` sequential calls; the names of the endpoints that answered.
-async fn calls<S>(svc: &mut S, n: usize) -> Vec<Arc<str>>
-where
-    S: Service<Req, Response = Arc<str>, Error = BoxError>,
-{
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(
-            svc.ready()
-                .await
-                .unwrap()
-                .call(Req::default())
-                .await
-                .unwrap(),
-        );
-    }
-    out
-}
 
 fn weighted(weights: Weights) -> BalanceConfig {
     BalanceConfig::new().strategy(Strategy::Weighted(weights))
@@ -201,7 +179,7 @@ async fn weighted_all_eligible_zero_is_uniform_among_them() {
     assert_within_one_percent(eps[1].hits(), 5_000.0, "b1");
 }
 
-fn build_error(weights: Weights) -> InvalidConfig {
+fn build_error(weights: Weights) -> ConfigError {
     let layer = BalanceLayer::<Req>::new(weighted(weights.clone())).unwrap_err();
     let eps = carded(1);
     let direct = Balance::<_, Req>::new(list_counted(&eps), weighted(weights)).unwrap_err();
@@ -270,22 +248,42 @@ async fn an_invalid_balancer_starts_nothing() {
     );
 }
 
-/// An endpoint whose calls never finish (until dropped), or finish at once.
+/// An endpoint that answers its name after `delay` on tokio's clock: at once when zero (on the
+/// response future's first poll), never (until dropped) when `None`.
 #[derive(Clone)]
-struct Sticky {
+struct Delayed {
     name: Arc<str>,
-    hang: bool,
-    card: EndpointCard,
+    delay: Option<Duration>,
+    card: Option<EndpointCard>,
     hits: Arc<AtomicUsize>,
 }
 
-impl HasCard for Sticky {
-    fn card(&self) -> Option<&EndpointCard> {
-        Some(&self.card)
+impl Delayed {
+    fn new(name: &str, delay: Option<Duration>, card: bool) -> Self {
+        Delayed {
+            name: name.into(),
+            delay,
+            card: card.then(|| EndpointCard::new(name)),
+            hits: Arc::default(),
+        }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    fn named(&self) -> (Arc<str>, Self) {
+        (self.name.clone(), self.clone())
     }
 }
 
-impl Service<Req> for Sticky {
+impl HasCard for Delayed {
+    fn card(&self) -> Option<&EndpointCard> {
+        self.card.as_ref()
+    }
+}
+
+impl Service<Req> for Delayed {
     type Response = Arc<str>;
     type Error = std::convert::Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Arc<str>, Self::Error>> + Send>>;
@@ -296,32 +294,23 @@ impl Service<Req> for Sticky {
 
     fn call(&mut self, _: Req) -> Self::Future {
         self.hits.fetch_add(1, Ordering::SeqCst);
-        let name = self.name.clone();
-        if self.hang {
-            Box::pin(std::future::pending())
-        } else {
-            Box::pin(async move { Ok(name) })
-        }
-    }
-}
-
-fn sticky(name: &str, hang: bool) -> Sticky {
-    Sticky {
-        name: name.into(),
-        hang,
-        card: EndpointCard::new(name),
-        hits: Arc::default(),
+        let (name, delay) = (self.name.clone(), self.delay);
+        Box::pin(async move {
+            match delay {
+                None => std::future::pending().await,
+                Some(d) if d.is_zero() => {}
+                Some(d) => tokio::time::sleep(d).await,
+            }
+            Ok(name)
+        })
     }
 }
 
 #[tokio::test]
 async fn least_in_flight_prefers_the_idle_endpoint() {
-    let busy = sticky("busy", true);
-    let idle = sticky("idle", false);
-    let pairs = [
-        (busy.name.clone(), busy.clone()),
-        (idle.name.clone(), idle.clone()),
-    ];
+    let busy = Delayed::new("busy", None, true);
+    let idle = Delayed::new("idle", Some(Duration::ZERO), true);
+    let pairs = [busy.named(), idle.named()];
     let config = BalanceConfig::new()
         .strategy(Strategy::LeastInFlight)
         .seed(5);
@@ -337,12 +326,8 @@ async fn least_in_flight_prefers_the_idle_endpoint() {
     }
     // With two endpoints both are always the two choices: `busy` can win only while it has
     // no call in flight, i.e. once.
-    assert!(
-        busy.hits.load(Ordering::SeqCst) <= 1,
-        "busy got {:?}",
-        busy.hits
-    );
-    assert!(idle.hits.load(Ordering::SeqCst) >= 49);
+    assert!(busy.hits() <= 1, "busy got {}", busy.hits());
+    assert!(idle.hits() >= 49);
     assert_eq!(balance.in_flight("busy"), Some(held.len()));
     assert_eq!(balance.in_flight("idle"), Some(0));
     // Dropping a response future releases its in-flight count.
@@ -350,64 +335,17 @@ async fn least_in_flight_prefers_the_idle_endpoint() {
     assert_eq!(balance.in_flight("busy"), Some(0));
 }
 
-/// An endpoint that answers after a fixed delay (on tokio's clock).
-#[derive(Clone)]
-struct Slow {
-    name: Arc<str>,
-    delay: Duration,
-    hits: Arc<AtomicUsize>,
-}
-
-impl HasCard for Slow {
-    fn card(&self) -> Option<&EndpointCard> {
-        None
-    }
-}
-
-impl Service<Req> for Slow {
-    type Response = Arc<str>;
-    type Error = std::convert::Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Arc<str>, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Req) -> Self::Future {
-        self.hits.fetch_add(1, Ordering::SeqCst);
-        let (name, delay) = (self.name.clone(), self.delay);
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
-            Ok(name)
-        })
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn peak_ewma_prefers_the_fast_endpoint() {
-    let slow = Slow {
-        name: "slow".into(),
-        delay: Duration::from_millis(100),
-        hits: Arc::default(),
-    };
-    let fast = Slow {
-        name: "fast".into(),
-        delay: Duration::from_millis(2),
-        hits: Arc::default(),
-    };
-    let pairs = [
-        (slow.name.clone(), slow.clone()),
-        (fast.name.clone(), fast.clone()),
-    ];
+    let slow = Delayed::new("slow", Some(Duration::from_millis(100)), false);
+    let fast = Delayed::new("fast", Some(Duration::from_millis(2)), false);
+    let pairs = [slow.named(), fast.named()];
     let config = BalanceConfig::new()
         .strategy(Strategy::PeakEwma(PeakEwma::new()))
         .seed(11);
     let mut balance = Balance::new(list(&pairs), config).unwrap();
     calls(&mut balance, 100).await;
-    let (s, f) = (
-        slow.hits.load(Ordering::SeqCst),
-        fast.hits.load(Ordering::SeqCst),
-    );
+    let (s, f) = (slow.hits(), fast.hits());
     assert!(s <= 2, "slow got {s}, fast {f}");
     assert_eq!(s + f, 100);
 }

@@ -3,169 +3,40 @@
 
 use std::time::Duration;
 
-use endpoint_state::FailureCodes;
+use endpoint_state::{Backoff, ConfigError, FailureCodes};
 
-use crate::error::ConfigError;
+use crate::trip::{
+    MAX_COUNT_WINDOW, MAX_TIME_WINDOW, MIN_TIME_WINDOW, SlowCalls, TripPolicy, Window,
+};
 
-/// The most calls a count window may hold (its counters are packed in one atomic word).
-pub const MAX_COUNT_WINDOW: u32 = 1_000_000;
+/// The configuration's name in its errors (`invalid breaker configuration: ...`).
+const CONFIG: &str = "breaker";
+
 /// The most half-open permits (they are packed in the breaker's state word).
 pub const MAX_HALF_OPEN_PERMITS: u32 = 10_000;
-/// The shortest time window: it is cut into [`TIME_WINDOW_BUCKETS`] buckets.
-pub const MIN_TIME_WINDOW: Duration = Duration::from_millis(10);
-/// The longest time window.
-pub const MAX_TIME_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
-/// How many buckets a time window is cut into: it slides by a tenth of its length.
-pub const TIME_WINDOW_BUCKETS: u32 = 10;
-/// The most calls one time-window bucket counts; later calls in the same bucket are not
-/// counted, so the rate is then sampled from the bucket's first calls.
-pub const MAX_CALLS_PER_BUCKET: u32 = u16::MAX as u32;
 
-/// What trips the breaker on failures.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum TripPolicy {
-    /// Trip after this many failures in a row (any success resets the count). The default,
-    /// with 5.
-    ConsecutiveFailures(u32),
-    /// Trip when the share of failures among the calls in `window` reaches `threshold`,
-    /// judged only once the window holds at least `min_calls` calls.
-    FailureRate {
-        /// The share of failed calls that trips, in `(0, 1]` (`0.5` is 50 %).
-        threshold: f64,
-        /// Which calls are counted.
-        window: Window,
-        /// No verdict below this many calls in the window (at least 1).
-        min_calls: u32,
-    },
-}
-
-impl Default for TripPolicy {
-    fn default() -> Self {
-        TripPolicy::ConsecutiveFailures(5)
-    }
-}
-
-/// The calls a rate is computed over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Window {
-    /// The last `n` calls (1 ..= [`MAX_COUNT_WINDOW`]).
-    Count(u32),
-    /// The calls that ended within the last `duration`
-    /// ([`MIN_TIME_WINDOW`] ..= [`MAX_TIME_WINDOW`]). The window slides by a tenth of its
-    /// length, so a call counts for between 0.9 and 1.0 of `duration` after it ends. One
-    /// tenth counts at most [`MAX_CALLS_PER_BUCKET`] calls (beyond that the rate is sampled).
-    Time(Duration),
-}
-
-/// The optional slow-call policy: trip when too many calls take too long, even if they
-/// succeed (a backend that is drowning often answers, slowly, before it fails).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SlowCalls {
-    /// A call is slow when it takes at least this long, from `call` to its final status (for
-    /// a stream, the whole stream). Must be more than zero.
-    pub threshold: Duration,
-    /// The share of slow calls that trips, in `(0, 1]`.
-    pub rate: f64,
-    /// Which calls are counted.
-    pub window: Window,
-    /// No verdict below this many calls in the window (at least 1).
-    pub min_calls: u32,
-}
-
-impl SlowCalls {
-    /// Trip when at least `rate` of the last 100 calls (once there are 10) took `threshold`
-    /// or more.
-    pub fn new(threshold: Duration, rate: f64) -> Self {
-        SlowCalls {
-            threshold,
-            rate,
-            window: Window::Count(100),
-            min_calls: 10,
-        }
-    }
-
-    /// Count over `window` instead.
-    #[must_use]
-    pub fn window(mut self, window: Window) -> Self {
-        self.window = window;
-        self
-    }
-
-    /// No verdict below `min_calls` calls.
-    #[must_use]
-    pub fn min_calls(mut self, min_calls: u32) -> Self {
-        self.min_calls = min_calls;
-        self
-    }
-}
-
-/// How long the breaker stays open after a trip.
-///
-/// The `n`-th open period in a row (without a close in between) lasts
-/// `d = min(base × multiplierⁿ⁻¹, max)`; with jitter `j` it is drawn uniformly from
-/// `[d × (1 − j), min(d × (1 + j), max)]`. A probe that succeeds closes the breaker and
-/// starts the sequence again from `base`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct OpenPeriod {
-    /// The first open period (more than zero). Default 5 s.
-    pub base: Duration,
-    /// Growth between repeated trips (finite, at least 1.0). Default 2.0.
-    pub multiplier: f64,
-    /// The cap (at least `base`). Default 60 s.
-    pub max: Duration,
-    /// The jitter fraction, in `[0, 1)`. Default 0.1.
-    pub jitter: f64,
-}
-
-impl Default for OpenPeriod {
-    fn default() -> Self {
-        OpenPeriod {
-            base: Duration::from_secs(5),
-            multiplier: 2.0,
-            max: Duration::from_secs(60),
-            jitter: 0.1,
-        }
-    }
-}
-
-impl OpenPeriod {
-    /// The nominal period (before jitter) of the `trips`-th open period in a row (from 1).
-    pub fn nominal(&self, trips: u32) -> Duration {
-        let exp = trips.saturating_sub(1).min(1_000) as i32;
-        let secs = self.base.as_secs_f64() * self.multiplier.powi(exp);
-        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
-            self.max
-        } else {
-            Duration::from_secs_f64(secs)
-        }
-    }
-
-    /// The bounds the jittered `trips`-th period is drawn from.
-    pub fn bounds(&self, trips: u32) -> (Duration, Duration) {
-        let d = self.nominal(trips);
-        let low = d.mul_f64(1.0 - self.jitter);
-        let high = d.mul_f64(1.0 + self.jitter).min(self.max);
-        (low, high.max(low))
-    }
-
-    /// Draws the `trips`-th period, with `unit` uniform in `[0, 1)`.
-    pub(crate) fn draw(&self, trips: u32, unit: f64) -> Duration {
-        let (low, high) = self.bounds(trips);
-        low + (high - low).mul_f64(unit.clamp(0.0, 1.0))
-    }
-}
+/// The default open period: 5 s, × 2 per repeated trip, at most 60 s, jitter 0.1.
+const OPEN: Backoff = Backoff::new(Duration::from_secs(5), 2.0, Duration::from_secs(60), 0.1);
 
 /// What a call meets while the breaker refuses calls.
+///
+/// In a configuration file (feature `serde`): `"wait"` or `"fail_fast"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum WhenOpen {
     /// `poll_ready` stays `Pending` — with a timer that fires when the breaker goes half-open,
     /// and a waker on the endpoint's card — so that a balancer routes around the endpoint.
     /// Never an error: tower treats that as final. The default.
     #[default]
     Wait,
-    /// `poll_ready` is ready at once and the call fails with [`BreakerOpen`](crate::BreakerOpen),
-    /// which a generated tonic client sees as `UNAVAILABLE` naming the target and when it
-    /// will be retried. For a single channel with no alternative to route to.
+    /// `poll_ready` is ready at once and the call fails with
+    /// [`BreakerOpen`](crate::error::BreakerOpen), which a generated tonic client sees as
+    /// `UNAVAILABLE` naming the target and when it will be retried. For a single channel with
+    /// no alternative to route to.
     FailFast,
 }
 
@@ -187,18 +58,58 @@ pub enum WhenOpen {
 /// let bad = BreakerConfig::default().open_jitter(1.5);
 /// assert_eq!(
 ///     bad.validate().unwrap_err().to_string(),
-///     "invalid breaker configuration: open.jitter = 1.5 (expected a fraction in [0, 1))",
+///     "invalid breaker configuration: open.jitter = 1.5: expected a fraction in [0, 1)",
 /// );
 /// ```
+///
+/// # In a configuration file
+///
+/// With the feature `serde`, the configuration reads from any serde format. Every field is
+/// optional (an unset one keeps its default, so does each unset field of `open`), unknown
+/// fields are refused, durations are written as humans write them (`"250ms"`, `"5s"`) and
+/// codes by their gRPC names. The values are checked when the layer is built, as those set in
+/// code are.
+///
+/// ```toml
+/// half_open_permits = 2
+/// failure_codes = ["UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL"]
+/// when_open = "wait"            # or "fail_fast"
+///
+/// [trip]                        # consecutive_failures = 5, or a rate:
+/// threshold = 0.5
+/// window = "30s"                # or a number of calls: 100
+/// min_calls = 20
+///
+/// [slow_calls]
+/// threshold = "2s"
+/// rate = 0.8
+///
+/// [open]                        # base × multiplierⁿ, capped at max, jittered
+/// base = "1s"
+/// multiplier = 2.0
+/// max = "30s"
+/// jitter = 0.1
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
 pub struct BreakerConfig {
     /// What trips the breaker on failures. Default: 5 consecutive failures.
     pub trip: TripPolicy,
     /// Optional slow-call policy. Default: none.
     pub slow_calls: Option<SlowCalls>,
-    /// How long the breaker stays open. Default: 5 s, × 2 per repeated trip, at most 60 s,
-    /// jitter 0.1.
-    pub open: OpenPeriod,
+    /// How long the breaker stays open: the `n`-th open period in a row (without a close in
+    /// between) is the backoff's `n`-th wait, `min(base × multiplierⁿ⁻¹, max)`, jittered. A
+    /// probe that succeeds closes the breaker and starts the sequence again from the base.
+    /// Default: 5 s, × 2 per repeated trip, at most 60 s, jitter 0.1.
+    ///
+    /// The backoff's `initial` is the first open period, set with
+    /// [`open_base`](Self::open_base) and written `base` in a configuration file.
+    #[cfg_attr(feature = "serde", serde(deserialize_with = "open_period"))]
+    pub open: Backoff,
     /// How many probe calls half-open admits (1 ..= [`MAX_HALF_OPEN_PERMITS`]); the breaker
     /// closes once that many have succeeded and reopens at the first failure. Default 1.
     pub half_open_permits: u32,
@@ -209,7 +120,7 @@ pub struct BreakerConfig {
     pub failure_codes: FailureCodes,
     /// What a call meets while the breaker refuses calls. Default: [`WhenOpen::Wait`].
     pub when_open: WhenOpen,
-    /// Capacity of the transition event channel (at least 1). Default 64. A subscriber that
+    /// Capacity of the breaker's event channel (at least 1). Default 64. A subscriber that
     /// falls further behind loses the oldest events and is told how many it missed.
     pub events_capacity: usize,
 }
@@ -219,7 +130,7 @@ impl Default for BreakerConfig {
         BreakerConfig {
             trip: TripPolicy::default(),
             slow_calls: None,
-            open: OpenPeriod::default(),
+            open: OPEN,
             half_open_permits: 1,
             failure_codes: FailureCodes::breaker_default(),
             when_open: WhenOpen::Wait,
@@ -255,9 +166,9 @@ impl BreakerConfig {
         self
     }
 
-    /// The whole open-period schedule.
+    /// The whole open-period schedule (its `initial` is the first open period).
     #[must_use]
-    pub fn open_period(mut self, open: OpenPeriod) -> Self {
+    pub fn open_period(mut self, open: Backoff) -> Self {
         self.open = open;
         self
     }
@@ -265,7 +176,7 @@ impl BreakerConfig {
     /// The first open period.
     #[must_use]
     pub fn open_base(mut self, base: Duration) -> Self {
-        self.open.base = base;
+        self.open.initial = base;
         self
     }
 
@@ -311,19 +222,21 @@ impl BreakerConfig {
         self
     }
 
-    /// Capacity of the transition event channel.
+    /// Capacity of the breaker's event channel.
     #[must_use]
     pub fn events_capacity(mut self, capacity: usize) -> Self {
         self.events_capacity = capacity;
         self
     }
 
-    /// Checks every field; the error names the first bad one and its value.
+    /// Checks every field; the error names the first bad one (as a path: `open.jitter`) and
+    /// its value.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.trip {
             TripPolicy::ConsecutiveFailures(n) => {
                 if n == 0 {
                     return Err(ConfigError::new(
+                        CONFIG,
                         "trip.consecutive_failures",
                         n,
                         "at least 1",
@@ -334,55 +247,28 @@ impl BreakerConfig {
                 threshold,
                 window,
                 min_calls,
-            } => {
-                check_fraction("trip.threshold", threshold)?;
-                check_window("trip.window", window)?;
-                check_min_calls("trip.min_calls", min_calls, window)?;
-            }
+            } => check_rate(("trip", "threshold"), threshold, window, min_calls)?,
         }
         if let Some(slow) = &self.slow_calls {
             if slow.threshold.is_zero() {
                 return Err(ConfigError::new(
+                    CONFIG,
                     "slow_calls.threshold",
                     format_args!("{:?}", slow.threshold),
                     "more than zero",
                 ));
             }
-            check_fraction("slow_calls.rate", slow.rate)?;
-            check_window("slow_calls.window", slow.window)?;
-            check_min_calls("slow_calls.min_calls", slow.min_calls, slow.window)?;
+            check_rate(
+                ("slow_calls", "rate"),
+                slow.rate,
+                slow.window,
+                slow.min_calls,
+            )?;
         }
-        let open = &self.open;
-        if open.base.is_zero() {
-            return Err(ConfigError::new(
-                "open.base",
-                format_args!("{:?}", open.base),
-                "more than zero",
-            ));
-        }
-        if !open.multiplier.is_finite() || open.multiplier < 1.0 {
-            return Err(ConfigError::new(
-                "open.multiplier",
-                open.multiplier,
-                "a finite number of at least 1.0",
-            ));
-        }
-        if open.max < open.base {
-            return Err(ConfigError::new(
-                "open.max",
-                format_args!("{:?}", open.max),
-                "at least open.base",
-            ));
-        }
-        if !(0.0..1.0).contains(&open.jitter) {
-            return Err(ConfigError::new(
-                "open.jitter",
-                open.jitter,
-                "a fraction in [0, 1)",
-            ));
-        }
+        validate_open(&self.open)?;
         if !(1..=MAX_HALF_OPEN_PERMITS).contains(&self.half_open_permits) {
             return Err(ConfigError::new(
+                CONFIG,
                 "half_open_permits",
                 self.half_open_permits,
                 "between 1 and 10000",
@@ -390,6 +276,7 @@ impl BreakerConfig {
         }
         if self.failure_codes == FailureCodes::NONE && self.slow_calls.is_none() {
             return Err(ConfigError::new(
+                CONFIG,
                 "failure_codes",
                 "{}",
                 "at least one code (an empty set never trips; disable the breaker instead)",
@@ -397,56 +284,109 @@ impl BreakerConfig {
         }
         if self.failure_codes.contains(tonic::Code::Ok) {
             return Err(ConfigError::new(
+                CONFIG,
                 "failure_codes",
                 format_args!("{:?}", self.failure_codes),
                 "a set without OK",
             ));
         }
         if self.events_capacity == 0 {
-            return Err(ConfigError::new("events_capacity", 0, "at least 1"));
+            return Err(ConfigError::new(CONFIG, "events_capacity", 0, "at least 1"));
         }
         Ok(())
     }
 }
 
-fn check_fraction(field: &'static str, value: f64) -> Result<(), ConfigError> {
-    if value.is_finite() && value > 0.0 && value <= 1.0 {
-        Ok(())
-    } else {
-        Err(ConfigError::new(field, value, "a fraction in (0, 1]"))
-    }
+/// The open period is the core's [`Backoff`], checked by it; its first wait is the breaker's
+/// `base` (`open.base`), which the backoff calls `initial`.
+fn validate_open(open: &Backoff) -> Result<(), ConfigError> {
+    open.validate(CONFIG, "open").map_err(|e| {
+        let field = e.field().replace("open.initial", "open.base");
+        let expected = e.expected().replace("open.initial", "open.base");
+        ConfigError::new(CONFIG, field, e.value(), expected)
+    })
 }
 
-fn check_window(field: &'static str, window: Window) -> Result<(), ConfigError> {
+/// A rate's share, window and minimum, named under `prefix` (`(trip, threshold)`,
+/// `(slow_calls, rate)`).
+fn check_rate(
+    (prefix, share_name): (&str, &str),
+    share: f64,
+    window: Window,
+    min_calls: u32,
+) -> Result<(), ConfigError> {
+    let field = |name: &str| format!("{prefix}.{name}");
+    if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+        return Err(ConfigError::new(
+            CONFIG,
+            field(share_name),
+            share,
+            "a fraction in (0, 1]",
+        ));
+    }
     match window {
-        Window::Count(n) if n == 0 || n > MAX_COUNT_WINDOW => Err(ConfigError::new(
-            field,
-            format_args!("Count({n})"),
-            "a count between 1 and 1000000",
-        )),
+        Window::Count(n) if n == 0 || n > MAX_COUNT_WINDOW => {
+            return Err(ConfigError::new(
+                CONFIG,
+                field("window"),
+                format_args!("Count({n})"),
+                "a count between 1 and 1000000",
+            ));
+        }
         Window::Time(d) if !(MIN_TIME_WINDOW..=MAX_TIME_WINDOW).contains(&d) => {
-            Err(ConfigError::new(
-                field,
+            return Err(ConfigError::new(
+                CONFIG,
+                field("window"),
                 format_args!("Time({d:?})"),
                 "a duration between 10ms and 24h",
-            ))
+            ));
         }
-        _ => Ok(()),
+        _ => {}
     }
-}
-
-fn check_min_calls(field: &'static str, min_calls: u32, window: Window) -> Result<(), ConfigError> {
     if min_calls == 0 {
-        return Err(ConfigError::new(field, min_calls, "at least 1"));
+        return Err(ConfigError::new(
+            CONFIG,
+            field("min_calls"),
+            min_calls,
+            "at least 1",
+        ));
     }
     if let Window::Count(n) = window
         && min_calls > n
     {
         return Err(ConfigError::new(
-            field,
+            CONFIG,
+            field("min_calls"),
             min_calls,
             "at most the window's count (the window never holds more calls)",
         ));
     }
     Ok(())
+}
+
+/// `[open]` as written: `base`, `multiplier`, `max`, `jitter`, each defaulting on its own.
+#[cfg(feature = "serde")]
+fn open_period<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Backoff, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Open {
+        #[serde(with = "humantime_serde")]
+        base: Duration,
+        multiplier: f64,
+        #[serde(with = "humantime_serde")]
+        max: Duration,
+        jitter: f64,
+    }
+    impl Default for Open {
+        fn default() -> Self {
+            Open {
+                base: OPEN.initial,
+                multiplier: OPEN.multiplier,
+                max: OPEN.max,
+                jitter: OPEN.jitter,
+            }
+        }
+    }
+    let o = <Open as serde::Deserialize>::deserialize(d)?;
+    Ok(Backoff::new(o.base, o.multiplier, o.max, o.jitter))
 }

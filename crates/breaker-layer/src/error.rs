@@ -1,15 +1,18 @@
 //! The breaker's errors: a refused call ([`BreakerOpen`]) and a bad configuration
-//! ([`ConfigError`]).
+//! ([`ConfigError`], the kit's one configuration error, with `config() == "breaker"`).
 
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[doc(no_inline)]
+pub use endpoint_state::ConfigError;
+use endpoint_state::time::Secs;
 use endpoint_state::{BreakerState, Reason};
 use tokio::time::Instant;
 
-/// A call refused by a fail-fast breaker ([`WhenOpen::FailFast`](crate::WhenOpen::FailFast)).
+/// A call refused by a fail-fast breaker (`WhenOpen::FailFast`).
 ///
 /// Its `source()` is a `tonic::Status` with code `UNAVAILABLE` and the same message, so a
 /// generated tonic client reports the call as `UNAVAILABLE` (not `UNKNOWN`), naming the target
@@ -88,9 +91,7 @@ impl fmt::Display for BreakerOpen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: breaker ", self.target)?;
         match (self.state, self.retry_in) {
-            (BreakerState::Open { .. }, Some(d)) => {
-                write!(f, "open, retry in {:.1} s", d.as_secs_f64())?
-            }
+            (BreakerState::Open { .. }, Some(d)) => write!(f, "open, retry in {}", Secs(d))?,
             (BreakerState::HalfOpen, _) => {
                 f.write_str("half-open, probe calls in flight; retry when they finish")?
             }
@@ -111,48 +112,3 @@ impl Error for BreakerOpen {
         Some(&self.status)
     }
 }
-
-/// An invalid [`BreakerConfig`](crate::BreakerConfig): names the field, its value and what
-/// was expected. Returned when the layer is built; nothing has started.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    field: &'static str,
-    value: String,
-    expected: &'static str,
-}
-
-impl ConfigError {
-    pub(crate) fn new(
-        field: &'static str,
-        value: impl fmt::Display,
-        expected: &'static str,
-    ) -> Self {
-        ConfigError {
-            field,
-            value: value.to_string(),
-            expected,
-        }
-    }
-
-    /// The field, as a path in [`BreakerConfig`](crate::BreakerConfig) (`open.jitter`).
-    pub fn field(&self) -> &str {
-        self.field
-    }
-
-    /// The rejected value, as written.
-    pub fn value(&self) -> &str {
-        &self.value
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid breaker configuration: {} = {} (expected {})",
-            self.field, self.value, self.expected
-        )
-    }
-}
-
-impl Error for ConfigError {}

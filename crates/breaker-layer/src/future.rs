@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use endpoint_state::classify;
-use endpoint_state::{ClassifiedBody, OnOutcome, Outcome};
+use endpoint_state::{BoxError, ClassifiedBody, OnOutcome, Outcome};
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::BoxError;
 use crate::error::BreakerOpen;
 use crate::state::{Permit, Shared};
 
@@ -98,8 +97,8 @@ impl OnOutcome for Recorder {
 }
 
 pin_project! {
-    /// The response future of [`Breaker`](crate::Breaker): the inner call, classified, or a
-    /// call refused by a fail-fast breaker.
+    /// The response future of the `Breaker` service: the inner call, classified, or a call
+    /// refused by a fail-fast breaker.
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,

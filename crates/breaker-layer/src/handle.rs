@@ -1,37 +1,20 @@
-//! The operator's handle on a breaker, and its transition events.
+//! The operator's handle on a breaker, and the stream of its line's events.
 
 use std::fmt;
 use std::sync::Arc;
 
-use endpoint_state::{BreakerLine, BreakerState, EndpointCard, Reason};
+use endpoint_state::{BreakerLine, BreakerState, CardEvent, EndpointCard, Reason};
 use tokio::sync::broadcast;
-use tokio::time::Instant;
 
 use crate::state::Shared;
 
-/// One transition of a breaker: from, to, why and when.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transition {
-    /// The endpoint.
-    pub target: Arc<str>,
-    /// The state before.
-    pub from: BreakerState,
-    /// The state after (also published on the card's breaker line).
-    pub to: BreakerState,
-    /// Why, in an operator's words (`5 consecutive failures (last: UNAVAILABLE: connection
-    /// refused)`); the same text as the card's reason.
-    pub reason: Reason,
-    /// When (monotonic clock).
-    pub at: Instant,
-}
-
 /// The operator's handle on one endpoint's breaker: read its state, force it open, disable
 /// it, reset it, and watch its transitions. Cheap to clone; every clone acts on the same
-/// breaker as every [`Breaker`](crate::Breaker) made by the same layer.
+/// breaker as every `Breaker` service made by the same layer.
 ///
 /// ```
 /// use breaker_layer::{BreakerConfig, BreakerLayer};
-/// use endpoint_state::{BreakerState, EndpointCard};
+/// use endpoint_state::{BreakerState, EndpointCard, LineState};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let card = EndpointCard::new("b1");
@@ -42,8 +25,12 @@ pub struct Transition {
 /// handle.force_open(Some("draining b1 for maintenance".into()));
 /// assert_eq!(card.breaker_state(), BreakerState::ForcedOpen);
 /// let event = events.recv().await.unwrap();
-/// assert_eq!((event.from, event.to), (BreakerState::Closed, BreakerState::ForcedOpen));
-/// assert_eq!(&*event.reason, "draining b1 for maintenance");
+/// assert_eq!(
+///     (event.from, event.to),
+///     (LineState::Breaker(BreakerState::Closed), LineState::Breaker(BreakerState::ForcedOpen)),
+/// );
+/// assert_eq!(event.reason.as_deref(), Some("draining b1 for maintenance"));
+/// assert_eq!(event.to_string(), "b1: breaker closed -> breaker forced open (draining b1 for maintenance)");
 ///
 /// handle.reset();
 /// assert_eq!(handle.state(), BreakerState::Closed);
@@ -94,14 +81,19 @@ impl BreakerHandle {
         self.shared.reset(None);
     }
 
-    /// Transition events from now on.
+    /// The breaker's transitions from now on, as the card's events of its breaker line
+    /// ([`CardEvent`]: `{ line, from, to, reason, at }`, the same events that
+    /// [`EndpointCard::subscribe`] and [`Peers::subscribe`](endpoint_state::Peers::subscribe)
+    /// carry for every line). Each transition that changes the card's breaker line is one
+    /// event; its reason is the card's (`5 consecutive failures (last: UNAVAILABLE: connection
+    /// refused)`).
     ///
     /// The channel is bounded (`events_capacity`, default 64) and never slows the breaker: a
     /// subscriber that falls behind by more than that loses the oldest events, and its next
     /// `recv` returns `Err(RecvError::Lagged(n))` with the number it missed before going on
     /// with the oldest event still held. The stream ends (`RecvError::Closed`) when the
     /// layer, every service and every handle are dropped.
-    pub fn subscribe(&self) -> broadcast::Receiver<Transition> {
+    pub fn subscribe(&self) -> broadcast::Receiver<CardEvent> {
         self.shared.subscribe()
     }
 }

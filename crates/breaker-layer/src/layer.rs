@@ -1,11 +1,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use endpoint_state::EndpointCard;
+use endpoint_state::{ConfigError, EndpointCard};
 use tower_layer::Layer;
 
 use crate::config::BreakerConfig;
-use crate::error::ConfigError;
 use crate::handle::BreakerHandle;
 use crate::service::Breaker;
 use crate::state::Shared;

@@ -8,8 +8,9 @@
 //! * **closed**, counts outcomes and trips on a [`TripPolicy`]: `N` consecutive failures
 //!   (default 5), or a failure rate over the last `n` calls or the last `d` seconds once a
 //!   minimum number of calls is reached; and optionally on a rate of [`SlowCalls`];
-//! * **open**, refuses calls for an [`OpenPeriod`] that grows between repeated trips
-//!   (exponential, capped, with jitter): `poll_ready` stays `Pending` with a timer at the
+//! * **open**, refuses calls for an open period that grows between repeated trips (the core's
+//!   [`Backoff`](endpoint_state::Backoff): exponential, capped, with jitter, set in
+//!   [`BreakerConfig::open`]): `poll_ready` stays `Pending` with a timer at the
 //!   half-open instant, so that a balancer routes around the endpoint ([`WhenOpen::Wait`]),
 //!   or the call fails at once with [`BreakerOpen`], which a generated client sees as
 //!   `UNAVAILABLE` naming the target and when it will be retried ([`WhenOpen::FailFast`]);
@@ -29,10 +30,15 @@
 //! [`breaker_default`](endpoint_state::FailureCodes::breaker_default)); client errors such as
 //! `INVALID_ARGUMENT` or `NOT_FOUND` count as successes, and a call its caller abandons counts
 //! as neither. Every transition is published on the card's breaker line, with its reason
-//! (`5 consecutive failures (last: UNAVAILABLE: connection refused)`), and sent as a
-//! [`Transition`] event to [`BreakerHandle::subscribe`]rs; operators can
+//! (`5 consecutive failures (last: UNAVAILABLE: connection refused)`), and the card's
+//! [`CardEvent`](endpoint_state::CardEvent) for it — the one event type of every line of
+//! every card — goes to [`BreakerHandle::subscribe`]rs; operators can
 //! [`force_open`](BreakerHandle::force_open), [`disable`](BreakerHandle::disable) and
 //! [`reset`](BreakerHandle::reset) the breaker.
+//!
+//! The configuration is a plain struct, [`BreakerConfig`], checked when the layer is built:
+//! an invalid one is a [`ConfigError`] naming the field and the value. With the feature
+//! `serde` it reads from a configuration file (see [`BreakerConfig`]).
 //!
 //! In the closed state the request path takes no lock: one atomic load in `poll_ready`, one
 //! reference count in `call`, and on the outcome two atomic loads (the default policy on a
@@ -90,18 +96,21 @@ pub mod error;
 pub mod future;
 mod handle;
 mod layer;
+mod reason;
 mod service;
 mod state;
+mod trip;
 mod window;
+mod word;
 
-pub use config::{
-    BreakerConfig, MAX_CALLS_PER_BUCKET, MAX_COUNT_WINDOW, MAX_HALF_OPEN_PERMITS, MAX_TIME_WINDOW,
-    MIN_TIME_WINDOW, OpenPeriod, SlowCalls, TIME_WINDOW_BUCKETS, TripPolicy, WhenOpen, Window,
-};
-pub use error::{BreakerOpen, ConfigError};
-pub use handle::{BreakerHandle, Transition};
+pub use config::{BreakerConfig, MAX_HALF_OPEN_PERMITS, WhenOpen};
+#[doc(no_inline)]
+pub use endpoint_state::{BoxError, ConfigError};
+pub use error::BreakerOpen;
+pub use handle::BreakerHandle;
 pub use layer::BreakerLayer;
 pub use service::Breaker;
-
-/// The error type of [`Breaker`]: the inner service's error, or [`BreakerOpen`].
-pub type BoxError = endpoint_state::classify::BoxError;
+pub use trip::{
+    MAX_CALLS_PER_BUCKET, MAX_COUNT_WINDOW, MAX_TIME_WINDOW, MIN_TIME_WINDOW, SlowCalls,
+    TIME_WINDOW_BUCKETS, TripPolicy, Window,
+};

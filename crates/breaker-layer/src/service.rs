@@ -5,18 +5,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use endpoint_state::{
-    BreakerState, ClassifiedBody, EndpointCard, HasCard, PassiveCheck, PassiveGate, PassiveOpened,
+    BoxError, BreakerState, ClassifiedBody, ConfigError, EndpointCard, HasCard, PassiveCheck,
+    PassiveGate, PassiveOpened,
 };
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::BoxError;
 use crate::config::{BreakerConfig, WhenOpen};
-use crate::error::{BreakerOpen, ConfigError};
+use crate::error::BreakerOpen;
 use crate::future::{Recorder, ResponseFuture};
 use crate::handle::BreakerHandle;
-use crate::state::{Mode, Permit, Shared};
+use crate::state::{Permit, Shared};
+use crate::word::Mode;
 
 /// A circuit breaker over one endpoint's service (typically a tonic `Channel`), at the HTTP
 /// level: it reads every call's gRPC outcome and decides admission in `poll_ready`.

@@ -1,72 +1,30 @@
-//! The breaker's state machine, shared by every clone of a [`Breaker`](crate::Breaker) and
-//! its [`BreakerHandle`](crate::BreakerHandle).
+//! The breaker's state machine, shared by every clone of a breaker service and its operator
+//! handle.
 //!
 //! The request path reads one atomic word (mode, free half-open permits, generation); a half-
 //! open permit is taken and given back with a compare-and-swap on that word. Outcomes in the
 //! closed state touch only atomics (the consecutive-failure count, or a window). A transition
 //! is rare: it takes a short lock (never held across an `.await`), stores the new word,
-//! publishes the new state on the endpoint's card (which wakes every waiter) and sends an
-//! event.
+//! publishes the new state on the endpoint's card (which wakes every waiter) and sends the
+//! card's event to the breaker's subscribers.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use endpoint_state::{BreakerState, EndpointCard, Outcome, Reason, Verdict};
+use endpoint_state::time::Secs;
+use endpoint_state::{
+    BreakerState, CardEvent, EndpointCard, LineState, Outcome, Reason, Verdict, rng, sync, time,
+};
 use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
-use crate::config::{BreakerConfig, TripPolicy, Window};
-use crate::handle::Transition;
+use crate::config::BreakerConfig;
+use crate::reason::{describe, last_status, percent, percent_f};
+use crate::trip::TripPolicy;
 use crate::window::{Counter, FAILED, SLOW, Totals};
-
-/// The breaker's mode, as packed in the state word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Closed = 0,
-    Open = 1,
-    HalfOpen = 2,
-    ForcedOpen = 3,
-    Disabled = 4,
-}
-
-const MODE_BITS: u32 = 3;
-const MODE_MASK: u64 = (1 << MODE_BITS) - 1;
-const PERMIT_BITS: u32 = 16;
-const PERMIT_ONE: u64 = 1 << MODE_BITS;
-const PERMIT_MASK: u64 = ((1 << PERMIT_BITS) - 1) << MODE_BITS;
-const GEN_SHIFT: u32 = MODE_BITS + PERMIT_BITS;
-
-/// A copy of the state word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Word(u64);
-
-impl Word {
-    fn new(mode: Mode, permits: u32, generation: u64) -> Self {
-        Word(generation << GEN_SHIFT | u64::from(permits) << MODE_BITS | mode as u64)
-    }
-
-    pub(crate) fn mode(self) -> Mode {
-        match self.0 & MODE_MASK {
-            0 => Mode::Closed,
-            1 => Mode::Open,
-            2 => Mode::HalfOpen,
-            3 => Mode::ForcedOpen,
-            _ => Mode::Disabled,
-        }
-    }
-
-    pub(crate) fn permits(self) -> u32 {
-        ((self.0 & PERMIT_MASK) >> MODE_BITS) as u32
-    }
-
-    /// Every transition starts a new generation: outcomes of calls admitted in an older one
-    /// are not counted, and their permits are not given back to a newer one.
-    pub(crate) fn generation(self) -> u64 {
-        self.0 >> GEN_SHIFT
-    }
-}
+use crate::word::{Mode, Word};
 
 /// The state of the transition side, behind the lock.
 #[derive(Debug)]
@@ -77,8 +35,6 @@ struct Machine {
     probes_ok: u32,
     /// The reason of the last trip, kept to explain the half-open period after it.
     trip_reason: Option<Reason>,
-    /// The published state (what `from` is in the next event).
-    published: BreakerState,
 }
 
 pub(crate) struct Shared {
@@ -96,7 +52,8 @@ pub(crate) struct Shared {
     machine: Mutex<Machine>,
     /// Woken when a half-open permit is given back (not a card change).
     pub(crate) permits_freed: Arc<Notify>,
-    events: broadcast::Sender<Transition>,
+    /// The card's events of this breaker's line, as each transition writes it.
+    events: broadcast::Sender<CardEvent>,
 }
 
 impl fmt::Debug for Shared {
@@ -135,7 +92,6 @@ impl Shared {
                 trips: 0,
                 probes_ok: 0,
                 trip_reason: None,
-                published: BreakerState::Closed,
             }),
             permits_freed: Arc::new(Notify::new()),
             events,
@@ -153,15 +109,13 @@ impl Shared {
         self.origin + Duration::from_nanos(self.open_until.load(Ordering::Acquire))
     }
 
-    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Transition> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<CardEvent> {
         self.events.subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, Machine> {
         // Every store under the lock is whole; a panic elsewhere leaves nothing half-done.
-        self.machine
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        sync::lock(&self.machine)
     }
 
     // ----- permits -----
@@ -174,7 +128,7 @@ impl Shared {
             }
             match self.word.compare_exchange_weak(
                 w.0,
-                w.0 - PERMIT_ONE,
+                w.permit_taken().0,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -199,7 +153,7 @@ impl Shared {
             }
             match self.word.compare_exchange_weak(
                 w.0,
-                w.0 + PERMIT_ONE,
+                w.permit_given_back().0,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -285,11 +239,11 @@ impl Shared {
             if reaches(t.slow, t.calls, policy.rate, policy.min_calls) {
                 self.trip(generation, || {
                     format!(
-                        "slow-call rate {} ({} of {} calls took {:.1} s or more) {} reached {}",
+                        "slow-call rate {} ({} of {} calls took {} or more) {} reached {}",
                         percent(t.slow, t.calls),
                         t.slow,
                         t.calls,
-                        policy.threshold.as_secs_f64(),
+                        Secs(policy.threshold),
                         describe(policy.window),
                         percent_f(policy.rate),
                     )
@@ -323,13 +277,14 @@ impl Shared {
                 format!("probe call failed: {}", last_status(outcome))
             } else {
                 format!(
-                    "probe call took {:.1} s (slow from {:.1} s)",
-                    duration.unwrap_or_default().as_secs_f64(),
-                    self.config
-                        .slow_calls
-                        .map(|s| s.threshold)
-                        .unwrap_or_default()
-                        .as_secs_f64()
+                    "probe call took {} (slow from {})",
+                    Secs(duration.unwrap_or_default()),
+                    Secs(
+                        self.config
+                            .slow_calls
+                            .map(|s| s.threshold)
+                            .unwrap_or_default()
+                    )
                 )
             };
             self.open_locked(&mut m, w, why.into());
@@ -410,9 +365,10 @@ impl Shared {
     }
 
     fn open_locked(&self, m: &mut Machine, w: Word, why: Reason) {
+        // The n-th open period in a row is the backoff's n-th wait (counted from 0).
+        let period = self.config.open.delay(m.trips, rng::unit());
         m.trips = m.trips.saturating_add(1);
-        let period = self.config.open.draw(m.trips, fastrand::f64());
-        let until = Instant::now() + period;
+        let until = time::after(period);
         self.open_until.store(
             until.saturating_duration_since(self.origin).as_nanos() as u64,
             Ordering::Release,
@@ -446,36 +402,16 @@ impl Shared {
         );
     }
 
-    fn store_locked(&self, m: &mut Machine, next: Word, state: BreakerState, why: Reason) {
+    /// Stores the new word (under the transition lock, `_locked`) and publishes `state` on
+    /// the card. The card's event — every effective write of its breaker line is one — goes
+    /// to the breaker's subscribers.
+    fn store_locked(&self, _locked: &mut Machine, next: Word, state: BreakerState, why: Reason) {
         self.word.store(next.0, Ordering::Release);
-        let from = std::mem::replace(&mut m.published, state);
-        self.card.set_breaker(state, Some(why.clone()));
-        let at = Instant::now();
-        match state {
-            BreakerState::Open { until } => tracing::info!(
-                target = %self.card.target(),
-                %from,
-                to = %state,
-                open_for_ms = until.saturating_duration_since(at).as_millis() as u64,
-                reason = %why,
-                "breaker opened"
-            ),
-            _ => tracing::info!(
-                target = %self.card.target(),
-                %from,
-                to = %state,
-                reason = %why,
-                "breaker transition"
-            ),
+        if let Some(event) = self.card.set_breaker(state, Some(why)) {
+            log(&event);
+            // No subscriber is not an error; a full channel drops its oldest event.
+            let _ = self.events.send(event);
         }
-        // No subscriber is not an error; a full channel drops its oldest event.
-        let _ = self.events.send(Transition {
-            target: self.card.target_arc(),
-            from,
-            to: state,
-            reason: why,
-            at,
-        });
         // Waiters on a permit re-check too (the card change wakes gate waiters).
         self.permits_freed.notify_waiters();
     }
@@ -483,27 +419,20 @@ impl Shared {
     // ----- operator -----
 
     pub(crate) fn force_open(&self, why: Option<Reason>) {
-        let mut m = self.lock();
-        let w = self.load();
         let why = why.unwrap_or_else(|| "forced open by an operator".into());
-        self.store_locked(
-            &mut m,
-            Word::new(Mode::ForcedOpen, 0, w.generation() + 1),
-            BreakerState::ForcedOpen,
-            why,
-        );
+        self.hold(Mode::ForcedOpen, BreakerState::ForcedOpen, why);
     }
 
     pub(crate) fn disable(&self, why: Option<Reason>) {
+        let why = why.unwrap_or_else(|| "disabled by an operator".into());
+        self.hold(Mode::Disabled, BreakerState::Disabled, why);
+    }
+
+    /// An operator's mode (forced open, disabled), held until a reset.
+    fn hold(&self, mode: Mode, state: BreakerState, why: Reason) {
         let mut m = self.lock();
         let w = self.load();
-        let why = why.unwrap_or_else(|| "disabled by an operator".into());
-        self.store_locked(
-            &mut m,
-            Word::new(Mode::Disabled, 0, w.generation() + 1),
-            BreakerState::Disabled,
-            why,
-        );
+        self.store_locked(&mut m, Word::new(mode, 0, w.generation() + 1), state, why);
     }
 
     pub(crate) fn reset(&self, why: Option<Reason>) {
@@ -555,30 +484,27 @@ fn reaches(part: u32, calls: u32, threshold: f64, min_calls: u32) -> bool {
     calls >= min_calls && calls > 0 && f64::from(part) >= threshold * f64::from(calls)
 }
 
-fn percent(part: u32, whole: u32) -> String {
-    percent_f(f64::from(part) / f64::from(whole.max(1)))
-}
-
-fn percent_f(share: f64) -> String {
-    let p = share * 100.0;
-    if (p - p.round()).abs() < 0.05 {
-        format!("{:.0}%", p)
-    } else {
-        format!("{:.1}%", p)
-    }
-}
-
-fn describe(window: Window) -> String {
-    match window {
-        Window::Count(n) => format!("over the last {n} calls"),
-        Window::Time(d) => format!("in the last {:.1} s", d.as_secs_f64()),
-    }
-}
-
-fn last_status(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::Completed(status) => status.to_string(),
-        Outcome::NotProcessed(status) => format!("{status} (not processed)"),
-        Outcome::Abandoned => "abandoned".to_owned(),
+/// An operator's line for a transition of the breaker line.
+fn log(event: &CardEvent) {
+    let (LineState::Breaker(from), LineState::Breaker(to)) = (event.from, event.to) else {
+        return;
+    };
+    let reason = event.reason.as_deref().unwrap_or_default();
+    match to {
+        BreakerState::Open { until } => tracing::info!(
+            target = %event.target,
+            %from,
+            %to,
+            open_for_ms = until.saturating_duration_since(event.at).as_millis() as u64,
+            reason,
+            "breaker opened"
+        ),
+        _ => tracing::info!(
+            target = %event.target,
+            %from,
+            %to,
+            reason,
+            "breaker transition"
+        ),
     }
 }

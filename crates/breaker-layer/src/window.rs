@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{MAX_CALLS_PER_BUCKET, TIME_WINDOW_BUCKETS, Window};
+use crate::trip::{MAX_CALLS_PER_BUCKET, TIME_WINDOW_BUCKETS, Window};
 
 /// One call, as a window records it.
 pub(crate) const FAILED: u8 = 0b010;

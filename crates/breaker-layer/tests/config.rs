@@ -1,10 +1,14 @@
 //! Every invalid configuration fails when the layer is built, naming the field and the value,
-//! and nothing is written to the card.
+//! and nothing is written to the card. A configuration file (feature `serde`) reads into the
+//! same configuration, refusing unknown fields.
 
 use std::time::Duration;
 
-use breaker_layer::{Breaker, BreakerConfig, BreakerLayer, SlowCalls, Window};
-use endpoint_state::{EndpointCard, FailureCodes};
+use breaker_layer::{
+    Breaker, BreakerConfig, BreakerLayer, SlowCalls, TripPolicy, WhenOpen, Window,
+};
+use endpoint_state::{Backoff, EndpointCard, FailureCodes};
+use tonic::Code;
 
 fn rejected(config: BreakerConfig) -> (String, String, String) {
     let card = EndpointCard::new("b1");
@@ -102,7 +106,7 @@ fn every_bad_field_is_named_with_its_value() {
         assert_eq!((f.as_str(), v.as_str()), (field, value), "{text}");
         assert!(
             text.starts_with(&format!(
-                "invalid breaker configuration: {field} = {value} (expected "
+                "invalid breaker configuration: {field} = {value}: expected "
             )),
             "{text}"
         );
@@ -117,7 +121,7 @@ fn the_defaults_are_valid_and_as_documented() {
     assert_eq!(c.half_open_permits, 1);
     assert_eq!(c.failure_codes, FailureCodes::breaker_default());
     assert_eq!(c.when_open, breaker_layer::WhenOpen::Wait);
-    assert_eq!(c.open.base, Duration::from_secs(5));
+    assert_eq!(c.open.initial, Duration::from_secs(5));
     // An empty code set is fine when slow calls can still trip.
     let slow_only = BreakerConfig::default()
         .failure_codes(FailureCodes::NONE)
@@ -134,4 +138,98 @@ fn breaker_new_validates_too() {
     )
     .unwrap_err();
     assert_eq!(err.field(), "open.jitter");
+}
+
+fn from_toml(document: &str) -> Result<BreakerConfig, toml::de::Error> {
+    toml::from_str(document)
+}
+
+#[test]
+fn a_configuration_file_reads_into_the_config() {
+    let config = from_toml(
+        r#"
+        half_open_permits = 2
+        failure_codes = ["UNAVAILABLE", "internal", "4"]
+        when_open = "fail_fast"
+        events_capacity = 16
+
+        [trip]
+        threshold = 0.5
+        window = "30s"
+        min_calls = 20
+
+        [slow_calls]
+        threshold = "2s"
+        rate = 0.8
+        window = 50
+
+        [open]
+        base = "1s"
+        jitter = 0.0
+        "#,
+    )
+    .unwrap();
+    assert_eq!(
+        config,
+        BreakerConfig::default()
+            .failure_rate(0.5, Window::Time(Duration::from_secs(30)), 20)
+            .slow_calls(SlowCalls::new(Duration::from_secs(2), 0.8).window(Window::Count(50)))
+            .open_base(Duration::from_secs(1))
+            .open_jitter(0.0)
+            .half_open_permits(2)
+            .failure_codes(FailureCodes::from_codes([
+                Code::Unavailable,
+                Code::Internal,
+                Code::DeadlineExceeded,
+            ]))
+            .when_open(WhenOpen::FailFast)
+            .events_capacity(16)
+    );
+    // The unset fields of `open` keep their defaults.
+    assert_eq!(
+        config.open,
+        Backoff::new(Duration::from_secs(1), 2.0, Duration::from_secs(60), 0.0)
+    );
+
+    // An empty document is the default configuration; a trip by a run of failures.
+    assert_eq!(from_toml("").unwrap(), BreakerConfig::default());
+    let config = from_toml("[trip]\nconsecutive_failures = 3").unwrap();
+    assert_eq!(config.trip, TripPolicy::ConsecutiveFailures(3));
+    // A rate with only its threshold: the last 100 calls, once there are 10.
+    let config = from_toml("[trip]\nthreshold = 0.25").unwrap();
+    assert_eq!(
+        config.trip,
+        TripPolicy::FailureRate {
+            threshold: 0.25,
+            window: Window::Count(100),
+            min_calls: 10
+        }
+    );
+    // Values are checked when the layer is built, as those set in code are.
+    let bad = from_toml("[open]\njitter = 1.5").unwrap();
+    assert_eq!(bad.validate().unwrap_err().field(), "open.jitter");
+}
+
+#[test]
+fn a_configuration_file_with_an_unknown_field_is_refused() {
+    for (document, unknown) in [
+        ("half_open_permit = 2", "half_open_permit"),
+        ("[open]\nbase = \"1s\"\njiter = 0.2", "jiter"),
+        ("[trip]\nconsecutive_failures = 3\nwindows = 10", "windows"),
+        (
+            "[slow_calls]\nthreshold = \"1s\"\nrate = 0.5\nmin = 3",
+            "min",
+        ),
+    ] {
+        let err = from_toml(document).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("unknown field `{unknown}`")),
+            "{document}: {err}"
+        );
+    }
+    // Neither is a name it does not know, nor a trip that is two policies at once.
+    let err = from_toml("failure_codes = [\"UNAVALABLE\"]").unwrap_err();
+    assert!(err.to_string().contains("a gRPC status code"), "{err}");
+    let err = from_toml("[trip]\nconsecutive_failures = 3\nthreshold = 0.5").unwrap_err();
+    assert!(err.to_string().contains("not both"), "{err}");
 }

@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use breaker_layer::{Breaker, BreakerConfig, OpenPeriod};
-use endpoint_state::{BreakerState, EndpointCard};
+use breaker_layer::{Breaker, BreakerConfig};
+use endpoint_state::{Backoff, BreakerState, EndpointCard};
 use http::Request;
 use http_body::Body;
-use support::{Reply, Script, breaker, call, fails, is_open, oks, open_for, run};
+use support::{
+    Reply, Script, breaker, call, fails, is_open, oks, open_for, reason, run, send, states,
+};
 use tokio_test::{assert_pending, assert_ready_ok, task};
 use tower::{Service, ServiceExt};
 
@@ -152,13 +154,7 @@ async fn a_dropped_probe_body_releases_its_permit() {
     let (mut a, mut b) = (svc.clone(), svc.clone());
     let mut tb = task::spawn(());
     script.push([Reply::HangBody]);
-    let resp = a
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap();
+    let resp = send(&mut a).await.unwrap();
     assert_pending!(tb.enter(|cx, _| b.poll_ready(cx)));
     // The headers and one message arrived; the status is still to come.
     let mut body = Box::pin(resp.into_body());
@@ -215,13 +211,7 @@ async fn success_closes_failure_reopens_longer_capped_and_success_resets_the_bac
         tokio::time::advance(open_for(&card)).await;
         run(&mut svc, &script, &fails(1)).await;
         assert_eq!(open_for(&card), Duration::from_secs(expected));
-        assert!(
-            card.breaker()
-                .reason
-                .as_deref()
-                .unwrap()
-                .starts_with("probe call failed: UNAVAILABLE")
-        );
+        assert!(reason(&card).starts_with("probe call failed: UNAVAILABLE"));
     }
     assert_eq!(script.calls(), 4);
 
@@ -239,7 +229,7 @@ async fn success_closes_failure_reopens_longer_capped_and_success_resets_the_bac
     // Every step was an event, in order.
     let mut seen = Vec::new();
     while let Ok(e) = events.try_recv() {
-        seen.push(match e.to {
+        seen.push(match states(&e).1 {
             BreakerState::Open { .. } => "open",
             BreakerState::HalfOpen => "half-open",
             BreakerState::Closed => "closed",
@@ -280,23 +270,20 @@ async fn closes_only_when_every_probe_succeeded() {
 
 #[tokio::test(start_paused = true)]
 async fn jitter_stays_within_its_stated_bounds() {
-    let open = OpenPeriod {
-        base: Duration::from_secs(1),
-        multiplier: 2.0,
-        max: Duration::from_secs(3),
-        jitter: 0.5,
-    };
+    // Base 1 s, × 2, at most 3 s, jitter 0.5; the n-th open period in a row is the
+    // backoff's wait n - 1.
+    let open = Backoff::new(Duration::from_secs(1), 2.0, Duration::from_secs(3), 0.5);
     assert_eq!(
-        open.bounds(1),
+        open.bounds(0),
         (Duration::from_millis(500), Duration::from_millis(1500))
     );
     assert_eq!(
-        open.bounds(2),
+        open.bounds(1),
         (Duration::from_secs(1), Duration::from_secs(3))
     );
     // Third trip: 4 s capped at 3 s; the upper bound never passes the cap.
     assert_eq!(
-        open.bounds(3),
+        open.bounds(2),
         (Duration::from_millis(1500), Duration::from_secs(3))
     );
 

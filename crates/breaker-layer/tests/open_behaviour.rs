@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::error::Error;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,17 +11,16 @@ use std::task::Poll;
 use std::time::Duration;
 
 use breaker_layer::{BreakerConfig, BreakerLayer, BreakerOpen, WhenOpen};
+use endpoint_state::error::is_caused_by;
 use endpoint_state::{BreakerState, EndpointCard};
-use http::Request;
-use support::{Reply, breaker, call, fails, is_open, open_for, run};
-use test_backends::Backend;
+use support::{Reply, breaker, call, fails, is_open, open_for, refused, run, send};
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
+use test_backends::{Backend, fixture};
 use tokio::time::Instant;
 use tokio_test::{assert_pending, assert_ready_ok, task};
 use tonic::Code;
-use tonic::transport::Endpoint;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 
 fn trip_on_one() -> BreakerConfig {
     BreakerConfig::default()
@@ -105,14 +103,7 @@ async fn fail_fast_refuses_without_calling_and_recovers_after_the_open_period() 
     let (mut svc, script, card) = breaker(trip_on_one().when_open(WhenOpen::FailFast));
     run(&mut svc, &script, &fails(1)).await;
     tokio::time::advance(Duration::from_millis(800)).await;
-    let err = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap_err();
-    let open = err.downcast_ref::<BreakerOpen>().expect("a BreakerOpen");
+    let open = refused(&mut svc).await;
     assert_eq!(open.target(), "b1");
     assert_eq!(open.retry_in(), Some(Duration::from_millis(4_200)));
     assert_eq!(
@@ -137,16 +128,9 @@ async fn fail_fast_while_the_probe_is_in_flight() {
     tokio::time::advance(Duration::from_secs(5)).await;
     let mut other = svc.clone();
     script.push([Reply::Hang]);
-    let mut probe = task::spawn(svc.ready().await.unwrap().call(Request::new(())));
+    let mut probe = task::spawn(send(&mut svc));
     assert_pending!(probe.poll());
-    let err = other
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap_err();
-    let open = err.downcast_ref::<BreakerOpen>().unwrap();
+    let open = refused(&mut other).await;
     assert_eq!(open.state(), BreakerState::HalfOpen);
     assert!(
         open.to_string()
@@ -157,7 +141,7 @@ async fn fail_fast_while_the_probe_is_in_flight() {
 #[tokio::test]
 async fn fail_fast_reaches_a_generated_client_as_unavailable_naming_target_and_retry() {
     let b = Backend::start("b0").await.unwrap();
-    let channel = Endpoint::from_shared(b.uri()).unwrap().connect_lazy();
+    let channel = fixture::connect_lazy(&b);
     let target = b.addr().to_string();
     let config = trip_on_one()
         .open_base(Duration::from_secs(30))
@@ -188,6 +172,5 @@ async fn fail_fast_reaches_a_generated_client_as_unavailable_naming_target_and_r
     );
     assert_eq!(b.hits(), 1, "the backend never saw the refused call");
     // The typed error is still there for whoever wants it.
-    let source = refused.source().expect("the original error");
-    assert!(source.downcast_ref::<BreakerOpen>().is_some(), "{source:?}");
+    assert!(is_caused_by::<BreakerOpen>(&refused), "{refused:?}");
 }

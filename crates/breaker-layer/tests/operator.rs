@@ -1,17 +1,16 @@
-//! Operators: forced-open and disabled modes, reset, and the stream of transition events
-//! (from, to, why, when), including what a lagging subscriber sees.
+//! Operators: forced-open and disabled modes, reset, and the stream of transition events (the
+//! card's events of the breaker line: from, to, why, when), including what a lagging
+//! subscriber sees.
 
 mod support;
 
 use std::time::Duration;
 
-use breaker_layer::{BreakerConfig, BreakerOpen, WhenOpen};
-use endpoint_state::BreakerState;
-use http::Request;
-use support::{breaker, call, fails, is_open, oks, run};
+use breaker_layer::{BreakerConfig, WhenOpen};
+use endpoint_state::{BreakerState, LineKind};
+use support::{breaker, call, fails, is_open, oks, refused, run, states};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
 
 #[tokio::test(start_paused = true)]
 async fn forced_open_refuses_every_call_until_reset() {
@@ -21,14 +20,7 @@ async fn forced_open_refuses_every_call_until_reset() {
     assert_eq!(card.breaker_state(), BreakerState::ForcedOpen);
     assert!(!card.is_eligible());
     tokio::time::advance(Duration::from_secs(3600)).await;
-    let err = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(()))
-        .await
-        .unwrap_err();
-    let open = err.downcast_ref::<BreakerOpen>().unwrap();
+    let open = refused(&mut svc).await;
     assert_eq!(open.state(), BreakerState::ForcedOpen);
     assert_eq!(
         open.to_string(),
@@ -95,29 +87,28 @@ async fn every_transition_is_an_event_with_from_to_why_and_when() {
     let tripped_at = Instant::now();
     let e = events.recv().await.unwrap();
     assert_eq!(&*e.target, "b1");
-    assert_eq!(e.from, BreakerState::Closed);
+    assert_eq!(e.line, LineKind::Breaker);
     assert_eq!(
-        e.to,
-        BreakerState::Open {
-            until: tripped_at + Duration::from_secs(1)
-        }
+        states(&e),
+        (
+            BreakerState::Closed,
+            BreakerState::Open {
+                until: tripped_at + Duration::from_secs(1)
+            }
+        )
     );
     assert_eq!(
-        &*e.reason,
-        "2 consecutive failures (last: UNAVAILABLE: scripted)"
+        e.reason.as_deref(),
+        Some("2 consecutive failures (last: UNAVAILABLE: scripted)")
     );
     assert_eq!(e.at, tripped_at);
-    assert_eq!(
-        card.breaker().reason.as_deref(),
-        Some(&*e.reason),
-        "same text on the card"
-    );
+    assert_eq!(card.breaker().reason, e.reason, "same text on the card");
 
     tokio::time::advance(Duration::from_secs(1)).await;
     run(&mut svc, &script, &oks(1)).await;
     let e = events.recv().await.unwrap();
     assert_eq!(
-        (e.from, e.to),
+        states(&e),
         (
             BreakerState::Open {
                 until: tripped_at + Duration::from_secs(1)
@@ -126,22 +117,24 @@ async fn every_transition_is_an_event_with_from_to_why_and_when() {
         )
     );
     assert_eq!(
-        &*e.reason,
-        "open period ended; probing after 2 consecutive failures (last: UNAVAILABLE: scripted)"
+        e.reason.as_deref(),
+        Some(
+            "open period ended; probing after 2 consecutive failures (last: UNAVAILABLE: scripted)"
+        )
     );
     assert_eq!(e.at, tripped_at + Duration::from_secs(1));
     let e = events.recv().await.unwrap();
-    assert_eq!(
-        (e.from, e.to),
-        (BreakerState::HalfOpen, BreakerState::Closed)
-    );
-    assert_eq!(&*e.reason, "probe call succeeded");
+    assert_eq!(states(&e), (BreakerState::HalfOpen, BreakerState::Closed));
+    assert_eq!(e.reason.as_deref(), Some("probe call succeeded"));
 
     handle.force_open(None);
     handle.disable();
     handle.reset();
     let rest: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|e| (e.from, e.to, e.reason.to_string()))
+        .map(|e| {
+            let (from, to) = states(&e);
+            (from, to, e.reason.as_deref().unwrap_or_default().to_owned())
+        })
         .collect();
     assert_eq!(
         rest,
@@ -179,12 +172,9 @@ async fn a_lagging_subscriber_is_told_how_many_it_missed_and_the_breaker_never_w
     handle.force_open(Some("last".into()));
     assert!(matches!(slow.recv().await, Err(RecvError::Lagged(3))));
     let e = slow.recv().await.unwrap();
-    assert_eq!(
-        (e.from, e.to),
-        (BreakerState::Disabled, BreakerState::Closed)
-    );
+    assert_eq!(states(&e), (BreakerState::Disabled, BreakerState::Closed));
     let e = slow.recv().await.unwrap();
-    assert_eq!(&*e.reason, "last");
+    assert_eq!(e.reason.as_deref(), Some("last"));
 
     // When the breaker and every handle are gone, the stream ends.
     drop((svc, handle));

@@ -3,15 +3,19 @@
 //! timeout count; client errors count as successes; an abandoned call counts as neither; the
 //! code set is configurable.
 
+mod support;
+
 use std::time::Duration;
 
 use breaker_layer::{Breaker, BreakerConfig, BreakerHandle, BreakerLayer};
 use endpoint_state::{BreakerState, EndpointCard, FailureCodes};
+use support::reason;
 use test_backends::Backend;
+use test_backends::fixture::{self, LocalTimeout};
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, StreamPing};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tower::Layer;
 
 type Client = TestServiceClient<Breaker<Channel>>;
@@ -22,8 +26,12 @@ fn client(channel: Channel, config: BreakerConfig) -> (Client, BreakerHandle) {
     (TestServiceClient::new(layer.layer(channel)), handle)
 }
 
-fn lazy(b: &Backend) -> Channel {
-    Endpoint::from_shared(b.uri()).unwrap().connect_lazy()
+/// `n` calls that `b` answers with `code`.
+async fn fail(c: &mut Client, b: &Backend, n: u64, code: Code) {
+    b.fail_next(n, code);
+    for _ in 0..n {
+        assert_eq!(c.unary(Ping::default()).await.unwrap_err().code(), code);
+    }
 }
 
 fn open(h: &BreakerHandle) -> bool {
@@ -40,26 +48,20 @@ fn trip_on_one() -> BreakerConfig {
 #[tokio::test]
 async fn a_trailers_only_error_counts() {
     let b = Backend::start("b0").await.unwrap();
-    let (mut c, h) = client(lazy(&b), trip_on_one());
+    let (mut c, h) = client(fixture::connect_lazy(&b), trip_on_one());
     c.unary(Ping::default()).await.unwrap();
     assert!(!open(&h));
     b.fail_next(1, Code::Unavailable);
     let err = c.unary(Ping::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert!(open(&h));
-    assert!(
-        h.line()
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("1 consecutive failure (last: UNAVAILABLE")
-    );
+    assert!(reason(h.card()).starts_with("1 consecutive failure (last: UNAVAILABLE"));
 }
 
 #[tokio::test]
 async fn an_error_in_the_trailers_after_a_streamed_reply_counts() {
     let b = Backend::start("b0").await.unwrap();
-    let (mut c, h) = client(lazy(&b), trip_on_one());
+    let (mut c, h) = client(fixture::connect_lazy(&b), trip_on_one());
     b.fail_next(1, Code::Internal);
     let mut stream = c
         .server_stream(StreamPing { count: 3 })
@@ -80,53 +82,37 @@ async fn an_error_in_the_trailers_after_a_streamed_reply_counts() {
     let err = stream.message().await.unwrap_err();
     assert_eq!(err.code(), Code::Internal);
     assert!(open(&h));
-    assert!(h.line().reason.as_deref().unwrap().contains("INTERNAL"));
+    assert!(reason(h.card()).contains("INTERNAL"));
 }
 
 #[tokio::test]
 async fn a_transport_error_counts() {
-    let b = Backend::start("b0").await.unwrap();
-    let channel = lazy(&b);
-    b.stop().await;
+    let (_stopped, channel) = fixture::refused("b0").await.unwrap();
     let (mut c, h) = client(channel, trip_on_one());
     let err = c.unary(Ping::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert!(open(&h));
-    let reason = h.line().reason.clone().unwrap();
-    assert!(reason.to_lowercase().contains("refused"), "{reason}");
+    let why = reason(h.card());
+    assert!(why.to_lowercase().contains("refused"), "{why}");
 }
 
 #[tokio::test]
 async fn a_local_timeout_counts() {
-    let b = Backend::start("b0").await.unwrap();
-    b.set_delay(Duration::from_secs(5));
-    let channel = Endpoint::from_shared(b.uri())
-        .unwrap()
-        .timeout(Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let (mut c, h) = client(channel, trip_on_one());
+    let slow = LocalTimeout::start("b0").await.unwrap();
+    let (mut c, h) = client(slow.channel.clone(), trip_on_one());
     let err = c.unary(Ping::default()).await.unwrap_err();
-    assert_eq!(
-        err.code(),
-        Code::Cancelled,
-        "tonic's own report of its timeout"
-    );
+    LocalTimeout::assert_cancelled(&err);
     assert!(open(&h));
-    assert!(
-        h.line()
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("DEADLINE_EXCEEDED")
-    );
+    assert!(reason(h.card()).contains("DEADLINE_EXCEEDED"));
 }
 
 #[tokio::test]
 async fn client_errors_count_as_successes() {
     let b = Backend::start("b0").await.unwrap();
-    let (mut c, h) = client(lazy(&b), BreakerConfig::default().consecutive_failures(2));
+    let (mut c, h) = client(
+        fixture::connect_lazy(&b),
+        BreakerConfig::default().consecutive_failures(2),
+    );
     for code in [
         Code::InvalidArgument,
         Code::NotFound,
@@ -135,28 +121,26 @@ async fn client_errors_count_as_successes() {
         Code::FailedPrecondition,
         Code::Unauthenticated,
     ] {
-        b.fail_next(1, Code::Unavailable);
-        c.unary(Ping::default()).await.unwrap_err();
-        b.fail_next(1, code);
-        assert_eq!(c.unary(Ping::default()).await.unwrap_err().code(), code);
+        fail(&mut c, &b, 1, Code::Unavailable).await;
+        fail(&mut c, &b, 1, code).await;
         assert_eq!(
             h.state(),
             BreakerState::Closed,
             "{code:?} resets the run of failures, as a success does"
         );
     }
-    b.fail_next(2, Code::Unavailable);
-    c.unary(Ping::default()).await.unwrap_err();
-    c.unary(Ping::default()).await.unwrap_err();
+    fail(&mut c, &b, 2, Code::Unavailable).await;
     assert!(open(&h), "two failures in a row still trip");
 }
 
 #[tokio::test]
 async fn an_abandoned_call_counts_as_neither() {
     let b = Backend::start("b0").await.unwrap();
-    let (mut c, h) = client(lazy(&b), BreakerConfig::default().consecutive_failures(2));
-    b.fail_next(1, Code::Unavailable);
-    c.unary(Ping::default()).await.unwrap_err();
+    let (mut c, h) = client(
+        fixture::connect_lazy(&b),
+        BreakerConfig::default().consecutive_failures(2),
+    );
+    fail(&mut c, &b, 1, Code::Unavailable).await;
 
     // The caller gives up on slow calls (its own timer, then drops the future): neither a
     // failure (which would trip) nor a success (which would reset the count).
@@ -172,8 +156,7 @@ async fn an_abandoned_call_counts_as_neither() {
         "abandoned calls are not failures"
     );
     b.set_delay(Duration::ZERO);
-    b.fail_next(1, Code::Unavailable);
-    c.unary(Ping::default()).await.unwrap_err();
+    fail(&mut c, &b, 1, Code::Unavailable).await;
     assert!(
         open(&h),
         "abandoned calls did not reset the count: failure, 3 abandoned, failure trips at 2"
@@ -184,17 +167,16 @@ async fn an_abandoned_call_counts_as_neither() {
 async fn the_failure_codes_are_configurable() {
     let b = Backend::start("b0").await.unwrap();
     let codes = FailureCodes::from_codes([Code::NotFound]);
-    let (mut c, h) = client(lazy(&b), trip_on_one().failure_codes(codes));
-    b.fail_next(3, Code::Unavailable);
-    for _ in 0..3 {
-        c.unary(Ping::default()).await.unwrap_err();
-    }
+    let (mut c, h) = client(
+        fixture::connect_lazy(&b),
+        trip_on_one().failure_codes(codes),
+    );
+    fail(&mut c, &b, 3, Code::Unavailable).await;
     assert_eq!(
         h.state(),
         BreakerState::Closed,
         "UNAVAILABLE is not in this set"
     );
-    b.fail_next(1, Code::NotFound);
-    c.unary(Ping::default()).await.unwrap_err();
+    fail(&mut c, &b, 1, Code::NotFound).await;
     assert!(open(&h));
 }

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use breaker_layer::{Breaker, BreakerConfig, BreakerHandle, BreakerLayer};
 use endpoint_state::{BreakerState, EndpointCard, HasCard};
-use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
+use test_backends::{Backends, fixture};
 use tokio::time::Instant;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tower::Layer;
 use tower::balance::p2c::Balance;
 use tower::buffer::Buffer;
@@ -32,7 +32,7 @@ async fn p2c_routes_around_an_open_breaker_and_the_probe_lets_it_back_in() {
     for b in &backends {
         let layer = BreakerLayer::new(EndpointCard::new(b.name()), config.clone()).unwrap();
         handles.push(layer.handle());
-        let channel = Endpoint::from_shared(b.uri()).unwrap().connect_lazy();
+        let channel = fixture::connect_lazy(b);
         stacks.push(layer.layer(channel));
     }
     assert_eq!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use breaker_layer::{BreakerConfig, SlowCalls, Window};
 use endpoint_state::BreakerState;
-use support::{Reply, breaker, fails, is_open, oks, open_for, run};
+use support::{Reply, breaker, fails, is_open, oks, open_for, reason, run};
 use tonic::Code;
 
 #[tokio::test(start_paused = true)]
@@ -44,13 +44,7 @@ async fn consecutive_limit_is_configurable() {
     assert!(!is_open(&card));
     run(&mut svc, &script, &fails(1)).await;
     assert!(is_open(&card));
-    assert!(
-        card.breaker()
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("2 consecutive failures")
-    );
+    assert!(reason(&card).starts_with("2 consecutive failures"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -112,11 +106,7 @@ async fn failure_rate_over_a_time_window_waits_for_its_minimum_and_forgets() {
     run(&mut svc, &script, &fails(1)).await;
     assert!(is_open(&card), "3 of 4 failed within 10 s");
     assert!(
-        card.breaker()
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("failure rate 75% (3 of 4 calls) in the last 10.0 s reached 50%"),
+        reason(&card).starts_with("failure rate 75% (3 of 4 calls) in the last 10.0 s reached 50%"),
         "{:?}",
         card.breaker().reason
     );

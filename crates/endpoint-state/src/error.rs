@@ -33,14 +33,27 @@ pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
 ///     "invalid grpc-client-kit configuration: breaker.open.jitter = 1.5: expected a fraction in [0, 1)"
 /// );
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConfigError {
     config: Cow<'static, str>,
     field: Cow<'static, str>,
     value: String,
     expected: Cow<'static, str>,
-    inner: Option<Arc<ConfigError>>,
+    /// Whether `expected` reads after "expected" (from [`new`](Self::new)) or is the whole
+    /// problem (from [`problem`](Self::problem)).
+    phrase: bool,
+    source: Option<Arc<dyn Error + Send + Sync + 'static>>,
 }
+
+impl PartialEq for ConfigError {
+    /// Two errors are equal when they say the same (their sources are not compared).
+    fn eq(&self, other: &Self) -> bool {
+        (&self.config, &self.field, &self.value, &self.expected)
+            == (&other.config, &other.field, &other.value, &other.expected)
+    }
+}
+
+impl Eq for ConfigError {}
 
 impl ConfigError {
     /// `field` of the `config` configuration (`"breaker"`, `"health check"`, ...) has `value`,
@@ -56,8 +69,30 @@ impl ConfigError {
             field: field.into(),
             value: value.to_string(),
             expected: expected.into(),
-            inner: None,
+            phrase: true,
+            source: None,
         }
+    }
+
+    /// Like [`new`](Self::new), with the whole problem in words instead of what was expected
+    /// (`DNS targets need the dns cargo feature`, `http://a:1 is listed twice`).
+    pub fn problem(
+        config: impl Into<Cow<'static, str>>,
+        field: impl Into<Cow<'static, str>>,
+        value: impl fmt::Display,
+        problem: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        ConfigError {
+            phrase: false,
+            ..ConfigError::new(config, field, value, problem)
+        }
+    }
+
+    /// The same error, caused by `source` (a parser's error, a template's refusal, ...), which
+    /// becomes its [`source`](Error::source).
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
     }
 
     /// The same error as a field of an enclosing configuration: `config` is the outer one, and
@@ -79,7 +114,8 @@ impl ConfigError {
             field,
             value: self.value.clone(),
             expected: self.expected.clone(),
-            inner: Some(Arc::new(self)),
+            phrase: self.phrase,
+            source: Some(Arc::new(self)),
         }
     }
 
@@ -98,7 +134,8 @@ impl ConfigError {
         &self.value
     }
 
-    /// What a valid value looks like.
+    /// What a valid value looks like (or, for an error made by [`problem`](Self::problem),
+    /// what is wrong).
     pub fn expected(&self) -> &str {
         &self.expected
     }
@@ -106,17 +143,21 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid {} configuration: {} = {}: expected {}",
-            self.config, self.field, self.value, self.expected
-        )
+        write!(f, "invalid {} configuration: {}", self.config, self.field)?;
+        if !self.value.is_empty() {
+            write!(f, " = {}", self.value)?;
+        }
+        if self.phrase {
+            write!(f, ": expected {}", self.expected)
+        } else {
+            write!(f, ": {}", self.expected)
+        }
     }
 }
 
 impl Error for ConfigError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.inner.as_deref().map(|e| e as &(dyn Error + 'static))
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
     }
 }
 

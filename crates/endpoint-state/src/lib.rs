@@ -55,6 +55,8 @@
 pub mod backoff;
 pub mod card;
 pub mod classify;
+#[cfg(feature = "serde")]
+mod de;
 mod eligibility;
 pub mod error;
 pub mod event;

@@ -5,11 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use endpoint_state::{Classify, OnOutcome, Outcome, OutcomeSource};
+use test_backends::fixture::{self, LocalTimeout};
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, StreamPing};
 use test_backends::{Backend, Backends};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 type Seen = Arc<Mutex<Vec<Outcome>>>;
 
@@ -46,18 +47,16 @@ async fn only_outcome(seen: &Seen) -> Outcome {
     panic!("no outcome reported within 5 s");
 }
 
-async fn connect(b: &Backend) -> Channel {
-    Endpoint::from_shared(b.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
+/// A backend named `b0`, and a classifying client connected to it.
+async fn started() -> (Backend, Client, Seen) {
+    let b = Backend::start("b0").await.unwrap();
+    let (c, seen) = client(fixture::connect(&b).await);
+    (b, c, seen)
 }
 
 #[tokio::test]
 async fn ok() {
-    let b = Backend::start("b0").await.unwrap();
-    let (mut c, seen) = client(connect(&b).await);
+    let (_b, mut c, seen) = started().await;
     let pong = c.unary(Ping::default()).await.unwrap().into_inner();
     assert_eq!(pong.backend, "b0");
     let status = only_outcome(&seen).await.status().cloned().unwrap();
@@ -67,8 +66,7 @@ async fn ok() {
 
 #[tokio::test]
 async fn trailers_only_error() {
-    let b = Backend::start("b0").await.unwrap();
-    let (mut c, seen) = client(connect(&b).await);
+    let (b, mut c, seen) = started().await;
     b.fail_next(1, Code::Unavailable);
     let err = c.unary(Ping::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
@@ -83,14 +81,8 @@ async fn trailers_only_error() {
 
 #[tokio::test]
 async fn error_in_trailers_after_streamed_messages() {
-    let b = Backend::start("b0").await.unwrap();
-    let (mut c, seen) = client(connect(&b).await);
-    b.fail_next(1, Code::Internal);
-    let mut stream = c
-        .server_stream(StreamPing { count: 3 })
-        .await
-        .unwrap()
-        .into_inner();
+    let (b, mut c, seen) = started().await;
+    let mut stream = fixture::failing_stream(&b, &mut c, Code::Internal).await;
     let first = stream.message().await.unwrap().expect("one message first");
     assert_eq!(first.backend, "b0");
     assert!(
@@ -106,9 +98,7 @@ async fn error_in_trailers_after_streamed_messages() {
 
 #[tokio::test]
 async fn connect_refused() {
-    let b = Backend::start("b0").await.unwrap();
-    let channel = Endpoint::from_shared(b.uri()).unwrap().connect_lazy();
-    b.stop().await;
+    let (_b, channel) = fixture::refused("b0").await.unwrap();
     let (mut c, seen) = client(channel);
     let err = c.unary(Ping::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
@@ -123,18 +113,11 @@ async fn connect_refused() {
 
 #[tokio::test]
 async fn local_timeout() {
-    let b = Backend::start("b0").await.unwrap();
-    b.set_delay(Duration::from_secs(5));
-    let channel = Endpoint::from_shared(b.uri())
-        .unwrap()
-        .timeout(Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let (mut c, seen) = client(channel);
+    let slow = LocalTimeout::start("b0").await.unwrap();
+    let (mut c, seen) = client(slow.channel);
     let err = c.unary(Ping::default()).await.unwrap_err();
     // tonic reports its own timeout as CANCELLED ...
-    assert_eq!(err.code(), Code::Cancelled);
+    LocalTimeout::assert_cancelled(&err);
     // ... which the classifier counts as what it is.
     let status = only_outcome(&seen).await.status().cloned().unwrap();
     assert_eq!(status.code, Code::DeadlineExceeded);
@@ -143,9 +126,8 @@ async fn local_timeout() {
 
 #[tokio::test]
 async fn response_future_dropped() {
-    let b = Backend::start("b0").await.unwrap();
+    let (b, mut c, seen) = started().await;
     b.set_delay(Duration::from_secs(5));
-    let (mut c, seen) = client(connect(&b).await);
     // The caller gives up (its own timer, not the channel's) before the reply.
     let gave_up = tokio::time::timeout(Duration::from_millis(100), c.unary(Ping::default())).await;
     assert!(gave_up.is_err());
@@ -155,8 +137,7 @@ async fn response_future_dropped() {
 
 #[tokio::test]
 async fn body_dropped_half_read() {
-    let b = Backend::start("b0").await.unwrap();
-    let (mut c, seen) = client(connect(&b).await);
+    let (_b, mut c, seen) = started().await;
     let mut stream = c
         .server_stream(StreamPing { count: 100_000 })
         .await
@@ -170,7 +151,7 @@ async fn body_dropped_half_read() {
 #[tokio::test]
 async fn many_calls_each_reported_once() {
     let bs = Backends::start(1).await.unwrap();
-    let (c, seen) = client(connect(&bs[0]).await);
+    let (c, seen) = client(fixture::connect(&bs[0]).await);
     let mut calls = Vec::new();
     for i in 0..20u32 {
         let mut c = c.clone();

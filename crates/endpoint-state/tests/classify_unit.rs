@@ -3,17 +3,14 @@
 //! mapping of error chains.
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use endpoint_state::{
     CallStatus, ClassifiedBody, FailureCodes, Outcome, OutcomeSource, ResponseFuture, Verdict,
 };
-use http::{HeaderMap, Response, StatusCode};
-use http_body::{Body, Frame};
+use http::{Response, StatusCode};
 use http_body_util::BodyExt;
+use test_backends::synthetic::{Reply, trailers, trailers_only};
 use tonic::Code;
 
 type Seen = Arc<Mutex<Vec<Outcome>>>;
@@ -21,29 +18,6 @@ type Seen = Arc<Mutex<Vec<Outcome>>>;
 fn listener(seen: &Seen) -> impl FnOnce(Outcome) + Send + Clone + 'static {
     let seen = seen.clone();
     move |o| seen.lock().unwrap().push(o)
-}
-
-/// A body of fixed frames.
-struct Frames(Vec<Frame<Bytes>>);
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready((!self.0.is_empty()).then(|| Ok(self.0.remove(0))))
-    }
-}
-
-fn trailers(code: &str, message: Option<&str>) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert("grpc-status", code.parse().unwrap());
-    if let Some(m) = message {
-        h.insert("grpc-message", m.parse().unwrap());
-    }
-    h
 }
 
 #[tokio::test]
@@ -58,7 +32,7 @@ async fn http_status_without_grpc_status_is_mapped() {
         let seen = Seen::default();
         let resp = Response::builder()
             .status(http)
-            .body(Frames(vec![]))
+            .body(Reply::empty())
             .unwrap();
         let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
         let body = fut.await.unwrap().into_body();
@@ -77,10 +51,7 @@ async fn http_status_without_grpc_status_is_mapped() {
 #[tokio::test]
 async fn a_body_that_ends_without_a_status_is_unknown() {
     let seen = Seen::default();
-    let body = ClassifiedBody::new(
-        Frames(vec![Frame::data(Bytes::from_static(b"x"))]),
-        Some(listener(&seen)),
-    );
+    let body = ClassifiedBody::new(Reply::messages(1), Some(listener(&seen)));
     drop(body.collect().await);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 1);
@@ -95,10 +66,7 @@ async fn a_body_that_ends_without_a_status_is_unknown() {
 async fn reported_exactly_once_even_when_polled_past_the_end_and_dropped() {
     let seen = Seen::default();
     let mut body = ClassifiedBody::new(
-        Frames(vec![
-            Frame::data(Bytes::from_static(b"x")),
-            Frame::trailers(trailers("13", Some("boom%21"))),
-        ]),
+        Reply::new(trailers(Code::Internal, Some("boom%21")), 1),
         Some(listener(&seen)),
     );
     while body.frame().await.is_some() {}
@@ -114,11 +82,7 @@ async fn reported_exactly_once_even_when_polled_past_the_end_and_dropped() {
 #[tokio::test]
 async fn trailers_only_is_reported_at_the_headers_and_not_again() {
     let seen = Seen::default();
-    let resp = Response::builder()
-        .header("grpc-status", "14")
-        .header("grpc-message", "going away")
-        .body(Frames(vec![]))
-        .unwrap();
+    let resp = trailers_only(Code::Unavailable, Some("going away"));
     let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
     let body = fut.await.unwrap().into_body();
     assert_eq!(

@@ -1,6 +1,7 @@
 //! The builder: targets, endpoint template, health, quarantine, breaker, strategy — validated
 //! whole before anything starts.
 
+use endpoint_state::ConfigError;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,10 @@ use tokio::sync::mpsc;
 use tonic::transport::Endpoint;
 
 use crate::dns::{DnsSettings, DnsTarget};
-use crate::error::{BoxError, BuildError, InvalidConfig};
-use crate::kit::{Kit, KitState, Life, Registry};
+use crate::error::{BoxError, BuildError};
+use crate::kit::Kit;
+use crate::life::{KitState, Life};
+use crate::registry::Registry;
 use crate::stack::{CHANGES_CAPACITY, KitDiscover, StackFactory};
 use crate::template::EndpointTemplate;
 
@@ -63,6 +66,14 @@ impl fmt::Debug for KitBuilder {
             .field("dns", &self.dns)
             .field("transparent_retry", &self.transparent_retry)
             .finish_non_exhaustive()
+    }
+}
+
+impl Kit {
+    /// A builder with the defaults: health `Check` every 30 s, quarantine 5 s, breaker after 5
+    /// consecutive failures, round-robin.
+    pub fn builder() -> KitBuilder {
+        KitBuilder::new()
     }
 }
 
@@ -245,10 +256,11 @@ impl KitBuilder {
         // 1. Validate everything; nothing below starts anything.
         let spec = self.target_spec()?;
         let checker: Option<HealthChecker> = match self.health {
-            Some(config) => Some(config.build().map_err(|e| {
-                let (field, value) = (e.field, e.value.clone());
-                InvalidConfig::from_layer("health", field, &value, e)
-            })?),
+            Some(config) => Some(
+                config
+                    .build()
+                    .map_err(|e| e.within(crate::config::CONFIG, "health"))?,
+            ),
             None => None,
         };
         let quarantine = self.quarantine.unwrap_or_else(|| {
@@ -256,27 +268,23 @@ impl KitBuilder {
                 .failure_codes(FailureCodes::NONE)
                 .outlier_ejection(None)
         });
-        let group = QuarantineGroup::new(quarantine).map_err(|e| {
-            let (field, value) = (e.field().to_owned(), e.value().to_owned());
-            InvalidConfig::from_layer("quarantine", &field, &value, e)
-        })?;
+        let group = QuarantineGroup::new(quarantine)
+            .map_err(|e| e.within(crate::config::CONFIG, "quarantine"))?;
         let breaker_enabled = self.breaker.is_some();
         let breaker = self
             .breaker
             .unwrap_or_default()
             .when_open(breaker_layer::WhenOpen::Wait);
-        breaker.validate().map_err(|e| {
-            let (field, value) = (e.field().to_owned(), e.value().to_owned());
-            InvalidConfig::from_layer("breaker", &field, &value, e)
-        })?;
+        breaker
+            .validate()
+            .map_err(|e| e.within(crate::config::CONFIG, "breaker"))?;
         let mut balance = self.balance;
         if let Strategy::Weighted(weights) = &balance.strategy {
             balance.strategy = Strategy::Weighted(normalize_weights(weights, &spec)?);
         }
-        balance.validate().map_err(|e| {
-            let (field, value) = (e.field().to_owned(), e.value().to_owned());
-            InvalidConfig::from_layer("", &field, &value, e)
-        })?;
+        balance
+            .validate()
+            .map_err(|e| e.within(crate::config::CONFIG, ""))?;
         self.dns.validate()?;
         // 2. Start.
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
@@ -286,6 +294,9 @@ impl KitBuilder {
             TargetSpec::Static(_) => None,
         };
         let (changes_tx, changes_rx) = mpsc::channel(CHANGES_CAPACITY);
+        // Every change of every target's card, from before the first target is added.
+        #[cfg(feature = "metrics")]
+        let card_events = group.peers().subscribe();
         let factory = StackFactory {
             group,
             breaker,
@@ -308,29 +319,20 @@ impl KitBuilder {
             }
             TargetSpec::Dns(_) => static_count = 0,
         }
-        #[cfg(feature = "metrics")]
-        let health_events = registry
-            .checker
-            .as_ref()
-            .map(crate::metrics::subscribe_health);
         if let Some(checker) = &registry.checker {
             checker.start(probes).map_err(|e| {
-                InvalidConfig::new("health", "", format!("{e}")).with_source(Box::new(e))
+                ConfigError::problem(crate::config::CONFIG, "health", "", format!("{e}"))
+                    .with_source(e)
             })?;
         }
         let strategy = balance.strategy.name();
-        let balance =
-            Balance::new(KitDiscover::new(initial, changes_rx), balance).map_err(|e| {
-                let (field, value) = (e.field().to_owned(), e.value().to_owned());
-                InvalidConfig::from_layer("", &field, &value, e)
-            })?;
+        let balance = Balance::new(KitDiscover::new(initial, changes_rx), balance)
+            .map_err(|e| e.within(crate::config::CONFIG, ""))?;
         let state = Arc::new(KitState::default());
         #[cfg_attr(not(any(feature = "dns", feature = "metrics")), allow(unused_mut))]
         let mut tasks = Vec::new();
         #[cfg(feature = "metrics")]
-        if let Some(events) = health_events {
-            tasks.push(crate::metrics::observe_health(&runtime, events));
-        }
+        tasks.push(crate::metrics::observe(&runtime, card_events));
         let (resolved, dns_name) = match spec {
             TargetSpec::Static(_) => (None, None),
             #[cfg(feature = "dns")]
@@ -373,15 +375,17 @@ impl KitBuilder {
         })
     }
 
-    fn target_spec(&self) -> Result<TargetSpec, InvalidConfig> {
+    fn target_spec(&self) -> Result<TargetSpec, ConfigError> {
         match (&self.target, &self.targets) {
-            (Some(one), Some(_)) => Err(InvalidConfig::new(
+            (Some(one), Some(_)) => Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "target",
                 format!("{one:?}"),
                 "set either `target` (one address or a `dns:` name) or `targets` (a list of \
                  addresses), not both",
             )),
-            (None, None) => Err(InvalidConfig::new(
+            (None, None) => Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "targets",
                 "",
                 "no target: set `target` (one address or a `dns:` name) or `targets` (a list \
@@ -392,7 +396,8 @@ impl KitBuilder {
                 if cfg!(feature = "dns") {
                     Ok(TargetSpec::Dns(target))
                 } else {
-                    Err(InvalidConfig::new(
+                    Err(ConfigError::problem(
+                        crate::config::CONFIG,
                         "target",
                         format!("{one:?}"),
                         "DNS targets need the `dns` cargo feature of grpc-client-kit",
@@ -404,7 +409,8 @@ impl KitBuilder {
             ])),
             (None, Some(list)) => {
                 if list.is_empty() {
-                    return Err(InvalidConfig::new(
+                    return Err(ConfigError::problem(
+                        crate::config::CONFIG,
                         "targets",
                         "[]",
                         "the list is empty: give at least one address",
@@ -415,7 +421,8 @@ impl KitBuilder {
                 for (i, t) in list.iter().enumerate() {
                     let field = format!("targets[{i}]");
                     if t.starts_with("dns:") {
-                        return Err(InvalidConfig::new(
+                        return Err(ConfigError::problem(
+                            crate::config::CONFIG,
                             field,
                             format!("{t:?}"),
                             "a `dns:` name goes in `target`, alone",
@@ -423,7 +430,8 @@ impl KitBuilder {
                     }
                     let (name, endpoint) = self.resolve_static(&field, t)?;
                     if !seen.insert(name.clone()) {
-                        return Err(InvalidConfig::new(
+                        return Err(ConfigError::problem(
+                            crate::config::CONFIG,
                             field,
                             format!("{t:?}"),
                             format!("{name} is listed twice"),
@@ -436,9 +444,16 @@ impl KitBuilder {
         }
     }
 
-    fn resolve_static(&self, field: &str, t: &str) -> Result<(Arc<str>, Endpoint), InvalidConfig> {
+    fn resolve_static(&self, field: &str, t: &str) -> Result<(Arc<str>, Endpoint), ConfigError> {
         let uri = normalize(t);
-        let bad = |why: String| InvalidConfig::new(field, format!("{t:?}"), why);
+        let bad = |why: String| {
+            ConfigError::problem(
+                crate::config::CONFIG,
+                field.to_owned(),
+                format!("{t:?}"),
+                why,
+            )
+        };
         let parsed: http::Uri = uri
             .parse()
             .map_err(|e| bad(format!("not a valid address: {e}")))?;
@@ -472,7 +487,7 @@ pub(crate) fn normalize(target: &str) -> String {
 
 /// Weights keyed as targets are named; for a fixed list, a weight for a target that is not in
 /// it is refused (a typo would silently weigh nothing).
-fn normalize_weights(weights: &Weights, spec: &TargetSpec) -> Result<Weights, InvalidConfig> {
+fn normalize_weights(weights: &Weights, spec: &TargetSpec) -> Result<Weights, ConfigError> {
     let mut out = Weights::new();
     for (target, weight) in weights.iter() {
         let name = if target.is_empty() {
@@ -484,7 +499,8 @@ fn normalize_weights(weights: &Weights, spec: &TargetSpec) -> Result<Weights, In
             && !name.is_empty()
             && !list.iter().any(|(n, _)| **n == *name)
         {
-            return Err(InvalidConfig::new(
+            return Err(ConfigError::problem(
+                crate::config::CONFIG,
                 format!("weights[{target}]"),
                 weight.to_string(),
                 "not one of the targets",

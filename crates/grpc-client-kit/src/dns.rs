@@ -15,14 +15,13 @@
 //! `refresh`), and is named in the error of any call that finds no healthy target
 //! ([`DiscoveryFailed`](crate::error::DiscoveryFailed)).
 
+use endpoint_state::ConfigError;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-
-use crate::error::InvalidConfig;
 
 /// A DNS name and port to resolve into targets. See the [module docs](self).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +43,15 @@ impl DnsTarget {
     /// assert_eq!(DnsTarget::parse("dns:///billing.test").unwrap().port(), 443);
     /// assert!(DnsTarget::parse("dns:///").is_err());
     /// ```
-    pub fn parse(s: &str) -> Result<Self, InvalidConfig> {
-        let bad = |why: &str| InvalidConfig::new("target", format!("{s:?}"), why.to_owned());
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let bad = |why: &str| {
+            ConfigError::problem(
+                crate::config::CONFIG,
+                "target",
+                format!("{s:?}"),
+                why.to_owned(),
+            )
+        };
         let rest = s
             .strip_prefix("dns:")
             .ok_or_else(|| bad("a DNS target starts with `dns:`"))?;
@@ -185,23 +191,26 @@ impl DnsSettings {
     }
 
     /// Checks every field; the error names the first bad one and its value.
-    pub fn validate(&self) -> Result<(), InvalidConfig> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.min_refresh.is_zero() {
-            return Err(InvalidConfig::new(
+            return Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "dns.min_refresh",
                 format!("{:?}", self.min_refresh),
                 "must be more than zero",
             ));
         }
         if self.refresh < self.min_refresh {
-            return Err(InvalidConfig::new(
+            return Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "dns.refresh",
                 format!("{:?}", self.refresh),
                 format!("must be at least dns.min_refresh ({:?})", self.min_refresh),
             ));
         }
         if self.scheme != "http" && self.scheme != "https" {
-            return Err(InvalidConfig::new(
+            return Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "dns.scheme",
                 format!("{:?}", self.scheme),
                 "must be \"http\" or \"https\"",
@@ -241,13 +250,14 @@ mod running {
     use hickory_resolver::net::runtime::TokioRuntimeProvider;
     use tokio::sync::watch;
 
-    use crate::kit::{KitState, Registry};
+    use crate::life::KitState;
+    use crate::registry::Registry;
     use crate::template::EndpointTemplate;
 
     pub(crate) type Resolver = hickory_resolver::TokioResolver;
 
     /// Builds the resolver for `target` (nothing is started).
-    pub(crate) fn resolver(target: &DnsTarget) -> Result<Resolver, InvalidConfig> {
+    pub(crate) fn resolver(target: &DnsTarget) -> Result<Resolver, ConfigError> {
         let mut builder = match target.nameserver {
             Some(ns) => {
                 let mut udp = ConnectionConfig::udp();
@@ -265,23 +275,25 @@ mod running {
                 builder
             }
             None => Resolver::builder_tokio().map_err(|e| {
-                InvalidConfig::new(
+                ConfigError::problem(
+                    crate::config::CONFIG,
                     "target",
                     format!("{:?}", target.name()),
                     format!("cannot read the system's DNS configuration: {e}"),
                 )
-                .with_source(Box::new(e))
+                .with_source(e)
             })?,
         };
         // The kit schedules its own resolutions (by TTL); a cache would only hide changes.
         builder.options_mut().cache_size = 0;
         builder.build().map_err(|e| {
-            InvalidConfig::new(
+            ConfigError::problem(
+                crate::config::CONFIG,
                 "target",
                 format!("{:?}", target.name()),
                 format!("cannot build a DNS resolver: {e}"),
             )
-            .with_source(Box::new(e))
+            .with_source(e)
         })
     }
 

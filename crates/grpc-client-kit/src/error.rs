@@ -17,6 +17,7 @@
 //! Building a kit fails with [`BuildError`]: an [`InvalidConfig`] naming the field and the value,
 //! and nothing started.
 
+use endpoint_state::ConfigError;
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
@@ -25,91 +26,14 @@ use endpoint_state::CallStatus;
 use tonic::{Code, Status};
 
 /// tower's usual boxed error.
-pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+pub use endpoint_state::BoxError;
 
-/// A configuration value the kit refuses: names the field (as a path in the configuration file,
-/// `breaker.open.jitter`) and the value. Nothing was started.
+/// A configuration value the kit refuses: the core's [`ConfigError`], naming the field (as a
+/// path in the configuration file, `breaker.open.jitter`) and the value. Nothing was started.
 ///
-/// Displays as `invalid grpc-client-kit configuration: breaker.open.jitter = 1.5: ...`.
-#[derive(Debug)]
-pub struct InvalidConfig {
-    field: String,
-    value: String,
-    message: String,
-    source: Option<BoxError>,
-}
-
-impl InvalidConfig {
-    pub(crate) fn new(
-        field: impl Into<String>,
-        value: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        InvalidConfig {
-            field: field.into(),
-            value: value.into(),
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// An error of a layer's own validation, re-rooted at `section` (`breaker`, `health`, ...).
-    pub(crate) fn from_layer(
-        section: &str,
-        field: &str,
-        value: &str,
-        error: impl Error + Send + Sync + 'static,
-    ) -> Self {
-        let field = if section.is_empty() {
-            field.to_owned()
-        } else {
-            format!("{section}.{field}")
-        };
-        InvalidConfig {
-            field,
-            value: value.to_owned(),
-            message: error.to_string(),
-            source: Some(Box::new(error)),
-        }
-    }
-
-    pub(crate) fn with_source(mut self, source: BoxError) -> Self {
-        self.source = Some(source);
-        self
-    }
-
-    /// The field, as a path in the configuration (`targets[1]`, `health.timeout`,
-    /// `weights[http://10.0.0.7:50051]`).
-    pub fn field(&self) -> &str {
-        &self.field
-    }
-
-    /// The refused value, as written.
-    pub fn value(&self) -> &str {
-        &self.value
-    }
-
-    /// What is wrong with it.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for InvalidConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid grpc-client-kit configuration: {}", self.field)?;
-        if !self.value.is_empty() {
-            write!(f, " = {}", self.value)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl Error for InvalidConfig {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
-    }
-}
+/// Displays as `invalid grpc-client-kit configuration: breaker.open.jitter = 1.5: expected a
+/// fraction in [0, 1)`; a layer's own error is its [`source`](Error::source).
+pub type InvalidConfig = ConfigError;
 
 /// [`KitBuilder::build`](crate::KitBuilder::build) refused to build: nothing was started (no
 /// task, no connection, no probe).
@@ -124,7 +48,7 @@ pub enum BuildError {
 
 impl BuildError {
     /// The invalid setting, if that is what failed.
-    pub fn invalid_config(&self) -> Option<&InvalidConfig> {
+    pub fn invalid_config(&self) -> Option<&ConfigError> {
         match self {
             BuildError::InvalidConfig(e) => Some(e),
             BuildError::NoRuntime => None,
@@ -152,7 +76,7 @@ impl Error for BuildError {
     }
 }
 
-impl From<InvalidConfig> for BuildError {
+impl From<ConfigError> for BuildError {
     fn from(e: InvalidConfig) -> Self {
         BuildError::InvalidConfig(e)
     }

@@ -15,7 +15,7 @@ use tonic::Status;
 use tower_service::Service;
 
 use crate::error::{BoxError, DiscoveryFailed, KitShutDown, TransportError};
-use crate::kit::KitState;
+use crate::life::KitState;
 use crate::retry::Unsent;
 use crate::stack::{KitDiscover, Request, Stack, StackBody};
 

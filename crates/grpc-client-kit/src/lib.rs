@@ -116,9 +116,9 @@
 //!
 //! # Cargo features
 //!
-//! `full` (the default) is `health`, `quarantine`, `breaker`, `balance`, `dns` and `toml`.
-//! Each of the first four re-exports its crate under the same name; the kit itself ([`Kit`],
-//! [`KitBuilder`], [`KitConfig`], [`KitChannel`]) needs all four. `dns` enables `dns:` targets
+//! `full` (the default) is `kit`, `dns` and `toml`. `health`, `quarantine`, `breaker` and
+//! `balance` each re-export their crate under the same name; `kit` (which takes all four) is
+//! the kit itself ([`Kit`], [`KitBuilder`], [`KitConfig`], [`KitChannel`]). `dns` enables `dns:` targets
 //! (hickory-resolver), `toml` [`KitConfig::from_toml`]. `metrics` (off by default) adds the
 //! per-target counters. With only some layer features, the crate re-exports those layers and
 //! the core ([`state`]) and nothing else.
@@ -138,45 +138,44 @@ pub use health_layer as health;
 #[doc(inline)]
 pub use quarantine_layer as quarantine;
 
-macro_rules! kit_items {
-    ($($item:item)*) => {
-        $(
-            #[cfg(all(feature = "health", feature = "quarantine", feature = "breaker", feature = "balance"))]
-            $item
-        )*
-    };
-}
-
-kit_items! {
-    mod builder;
-    mod config;
-    pub mod dns;
-    pub mod error;
-    pub mod future;
-    mod kit;
-    mod retry;
-    mod service;
-    mod stack;
-    mod template;
-
-    pub use builder::KitBuilder;
-    pub use config::{
-        BreakerSection, HealthMode, HealthSection, KitConfig, OpenSection, OutlierSection,
-        PeakEwmaSection, QuarantineSection, SlowCallsSection, StrategyName, TripSection,
-        WatchBackoffSection, WindowSetting,
-    };
-    pub use dns::{DnsSettings, DnsTarget};
-    pub use error::{BuildError, InvalidConfig};
-    pub use kit::Kit;
-    pub use service::KitChannel;
-    pub use template::{EndpointSettings, EndpointTemplate};
-}
-
-#[cfg(all(
-    feature = "metrics",
-    feature = "health",
-    feature = "quarantine",
-    feature = "breaker",
-    feature = "balance"
-))]
+#[cfg(feature = "kit")]
+mod builder;
+#[cfg(feature = "kit")]
+mod config;
+#[cfg(feature = "kit")]
+pub mod dns;
+#[cfg(feature = "kit")]
+pub mod error;
+#[cfg(feature = "kit")]
+pub mod future;
+#[cfg(feature = "kit")]
+mod kit;
+#[cfg(feature = "kit")]
+mod life;
+#[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(feature = "kit")]
+mod registry;
+#[cfg(feature = "kit")]
+mod retry;
+#[cfg(feature = "kit")]
+mod service;
+#[cfg(feature = "kit")]
+mod stack;
+#[cfg(feature = "kit")]
+mod template;
+
+#[cfg(feature = "kit")]
+pub use builder::KitBuilder;
+#[cfg(feature = "kit")]
+pub use config::KitConfig;
+#[cfg(feature = "kit")]
+pub use dns::{DnsSettings, DnsTarget};
+#[cfg(feature = "kit")]
+pub use error::{BuildError, InvalidConfig};
+#[cfg(feature = "kit")]
+pub use kit::Kit;
+#[cfg(feature = "kit")]
+pub use service::KitChannel;
+#[cfg(feature = "kit")]
+pub use template::{EndpointSettings, EndpointTemplate};

@@ -12,10 +12,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use breaker_layer::BreakerHandle;
-use endpoint_state::{BreakerState, EndpointCard, HealthVerdict, OnOutcome, Outcome, code_name};
-use health_layer::HealthChecker;
+use endpoint_state::{
+    BreakerState, CardEvent, HealthVerdict, LineState, OnOutcome, Outcome, code_name,
+};
 use metrics::Counter;
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -70,68 +71,47 @@ impl KitMetrics {
             }),
         }
     }
-
-    /// Watches `target`'s card (quarantines) and breaker (transitions) until aborted.
-    pub(crate) fn observe(
-        &self,
-        target: &Arc<str>,
-        card: &EndpointCard,
-        breaker: &BreakerHandle,
-    ) -> JoinHandle<()> {
-        let target = target.clone();
-        let card = card.clone();
-        let mut events = breaker.subscribe();
-        let quarantines = metrics::counter!(QUARANTINES, "target" => target.clone());
-        tokio::spawn(async move {
-            let mut last_until = card.quarantine().state.until;
-            let mut breaker_open = true;
-            loop {
-                let changed = card.changed();
-                let line = card.quarantine();
-                if let Some(until) = line.state.until
-                    && Some(until) != last_until
-                    && last_until.is_none_or(|prev| prev <= line.since)
-                {
-                    quarantines.increment(1);
-                }
-                last_until = line.state.until;
-                tokio::select! {
-                    () = changed => {}
-                    event = events.recv(), if breaker_open => match event {
-                        Ok(t) => metrics::counter!(BREAKER, "target" => target.clone(), "to" => breaker_name(t.to)).increment(1),
-                        Err(RecvError::Lagged(_)) => {}
-                        Err(RecvError::Closed) => breaker_open = false,
-                    },
-                }
-            }
-        })
-    }
 }
 
-/// Subscribes to the checker's transitions (before it starts, so that none is missed).
-pub(crate) fn subscribe_health(checker: &HealthChecker) -> HealthEvents {
-    HealthEvents(checker.subscribe())
-}
-
-/// The checker's transitions, subscribed to and not yet counted.
-pub(crate) struct HealthEvents(tokio::sync::broadcast::Receiver<health_layer::Transition>);
-
-/// Counts health transitions from the checker's stream until it ends.
-pub(crate) fn observe_health(
+/// Counts the changes of every target's card — health and breaker transitions, quarantines
+/// started — from the kit's peer set, one event stream for all of them, until it ends.
+/// Subscribe before the first target is added, so that none is missed.
+pub(crate) fn observe(
     runtime: &tokio::runtime::Handle,
-    events: HealthEvents,
+    mut events: broadcast::Receiver<CardEvent>,
 ) -> JoinHandle<()> {
-    let mut events = events.0;
     runtime.spawn(async move {
         loop {
             match events.recv().await {
-                Ok(t) => metrics::counter!(HEALTH, "target" => t.target.clone(), "to" => verdict_name(t.to))
-                    .increment(1),
+                Ok(event) => count(&event),
                 Err(RecvError::Lagged(_)) => {}
                 Err(RecvError::Closed) => return,
             }
         }
     })
+}
+
+fn count(event: &CardEvent) {
+    if !event.is_transition() {
+        return;
+    }
+    let target = event.target.clone();
+    match (event.from, event.to) {
+        (_, LineState::Health(to)) => {
+            metrics::counter!(HEALTH, "target" => target, "to" => verdict_name(to)).increment(1)
+        }
+        (_, LineState::Breaker(to)) => {
+            metrics::counter!(BREAKER, "target" => target, "to" => breaker_name(to)).increment(1)
+        }
+        // A quarantine starts when the line had none in force; moving the end of one that is
+        // still in force is a renewal.
+        (LineState::Quarantine(from), LineState::Quarantine(to))
+            if to.until.is_some() && !from.active_at(event.at) =>
+        {
+            metrics::counter!(QUARANTINES, "target" => target).increment(1)
+        }
+        _ => {}
+    }
 }
 
 fn breaker_name(state: BreakerState) -> &'static str {

@@ -32,7 +32,9 @@ use tonic::Status;
 
 use endpoint_state::transport::{never_sent, refused_by_server};
 
-use crate::kit::{Life, lock};
+use endpoint_state::sync::lock;
+
+use crate::life::Life;
 use crate::stack::Request;
 
 /// The most request body bytes a call keeps to send again; a longer body is not retried once

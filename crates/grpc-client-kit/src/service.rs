@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use crate::error::{BoxError, KitShutDown};
 use crate::future::{ResponseBody, ResponseFuture};
-use crate::kit::Life;
+use crate::life::Life;
 use crate::retry::{Retrier, Unsent};
 use crate::stack::{KitDiscover, Request};
 

@@ -1,6 +1,7 @@
 //! One target's stack — channel → classification → breaker → quarantine → health gate — and
 //! the discovery stream that hands the stacks to the balancer.
 
+use endpoint_state::ConfigError;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt;
@@ -21,7 +22,7 @@ use tower::discover::Change;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::error::{BoxError, InvalidConfig, TransportError};
+use crate::error::{BoxError, TransportError};
 
 /// What a generated tonic client sends.
 pub(crate) type Request = http::Request<tonic::body::Body>;
@@ -147,11 +148,9 @@ impl StackFactory {
         target: &Arc<str>,
         endpoint: &Endpoint,
         card: &EndpointCard,
-    ) -> Result<(Stack, BreakerHandle), InvalidConfig> {
-        let breaker = BreakerLayer::new(card.clone(), self.breaker.clone()).map_err(|e| {
-            let (field, value) = (e.field().to_owned(), e.value().to_owned());
-            InvalidConfig::from_layer("breaker", &field, &value, e)
-        })?;
+    ) -> Result<(Stack, BreakerHandle), ConfigError> {
+        let breaker = BreakerLayer::new(card.clone(), self.breaker.clone())
+            .map_err(|e| e.within(crate::config::CONFIG, "breaker"))?;
         let handle = breaker.handle();
         if !self.breaker_enabled {
             handle.disable();

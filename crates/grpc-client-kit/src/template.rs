@@ -1,5 +1,6 @@
 //! The endpoint template: how a target's address becomes a tonic `Endpoint`.
 
+use endpoint_state::ConfigError;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,11 +104,12 @@ pub struct EndpointSettings {
 impl EndpointSettings {
     /// Checks the fields tonic would refuse (`origin`, `user_agent`); the error names the field
     /// and the value.
-    pub fn validate(&self) -> Result<(), crate::error::InvalidConfig> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(origin) = &self.origin
             && let Err(e) = origin.parse::<http::Uri>()
         {
-            return Err(crate::error::InvalidConfig::new(
+            return Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "endpoint.origin",
                 format!("{origin:?}"),
                 format!("not a valid URI: {e}"),
@@ -116,7 +118,8 @@ impl EndpointSettings {
         if let Some(agent) = &self.user_agent
             && let Err(e) = http::HeaderValue::from_str(agent)
         {
-            return Err(crate::error::InvalidConfig::new(
+            return Err(ConfigError::problem(
+                crate::config::CONFIG,
                 "endpoint.user_agent",
                 format!("{agent:?}"),
                 format!("not a valid header value: {e}"),

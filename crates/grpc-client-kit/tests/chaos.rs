@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use grpc_client_kit::Kit;
 use grpc_client_kit::breaker::BreakerConfig;
-use grpc_client_kit::health::{HealthConfig, ProbeMode, WatchBackoff};
+use grpc_client_kit::health::{Backoff, HealthConfig, ProbeMode};
 use grpc_client_kit::quarantine::QuarantineConfig;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
@@ -435,7 +435,7 @@ async fn chaos_under_load() {
             HealthConfig::new()
                 .mode(ProbeMode::Watch)
                 .timeout(PROBE_TIMEOUT)
-                .watch_backoff(WatchBackoff {
+                .watch_backoff(Backoff {
                     initial: WATCH_INITIAL,
                     multiplier: 1.6,
                     jitter: WATCH_JITTER,

@@ -28,7 +28,8 @@ fn build_error(toml: &str) -> (String, String, String) {
 fn the_example_file_reads_and_validates() {
     let config = KitConfig::from_toml(EXAMPLE).unwrap();
     assert_eq!(config.targets.as_ref().unwrap().len(), 3);
-    assert_eq!(config.health.timeout, Some(Duration::from_secs(2)));
+    let health = config.health.as_ref().expect("health checking on");
+    assert_eq!(health.get_timeout(), Duration::from_secs(2));
     assert_eq!(config.transparent_retry, Some(true));
     // Valid through and through: only the missing runtime stops it.
     assert!(matches!(config.build(), Err(BuildError::NoRuntime)));
@@ -115,7 +116,7 @@ fn every_invalid_field_is_named_with_its_value() {
         (
             "[weights]\n\"http://127.0.0.1:2\" = 2.0",
             "weights",
-            "{\"http://127.0.0.1:2\": 2.0}",
+            "{ \"http://127.0.0.1:2\" = 2.0 }",
         ),
         (
             "[endpoint]\nuser_agent = \"bad\\nagent\"",

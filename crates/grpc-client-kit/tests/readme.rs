@@ -13,7 +13,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("config_file.rs", include_str!("../examples/config_file.rs")),
     (
         "balance_channel.rs",
-        include_str!("../examples/balance_channel.rs"),
+        include_str!("../../health-layer/examples/balance_channel.rs"),
     ),
     (
         "from_balance_list.rs",

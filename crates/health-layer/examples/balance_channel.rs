@@ -1,5 +1,5 @@
-//! Drive tonic's own `Channel::balance_channel` from the health checker, without the rest of
-//! the kit: three test backends, one flips to NOT_SERVING and gets no calls, then flips back.
+//! tonic's own `Channel::balance_channel`, driven by the kit's health checker — without the rest
+//! of the kit: a backend set to NOT_SERVING leaves tonic's balancer, and comes back.
 //!
 //! ```text
 //! cargo run -p health-layer --example balance_channel
@@ -8,7 +8,9 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use health_layer::{HealthChecker, HealthFilter, HealthVerdict, ProbeMode, drive_balance_channel};
+use health_layer::{
+    HealthChecker, HealthFilter, HealthVerdict, LineState, ProbeMode, drive_balance_channel,
+};
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
@@ -18,72 +20,33 @@ use tower::discover::Change;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backends = Backends::start(3).await?;
-    println!("backends: {:?}", backends.uris());
+    let addresses = backends.uris();
 
-    // 1. The checker: Watch streams, so a status change is seen at once.
     let checker = HealthChecker::builder().mode(ProbeMode::Watch).build()?;
     checker.start(Vec::<String>::new())?;
-
-    // 2. The endpoints, from wherever you discover them (a fixed list here), filtered by health.
-    //    Each endpoint's probe gets its own channel built from the same `Endpoint` settings.
-    let discovered = futures_util::stream::iter(backends.uris().into_iter().map(|uri| {
+    let endpoints = addresses.into_iter().map(|uri| {
         let endpoint = Endpoint::from_shared(uri.clone()).expect("a valid URI");
         Ok::<_, Infallible>(Change::Insert(uri, endpoint))
-    }));
-    let filter = HealthFilter::tonic_endpoints(discovered, checker.clone());
-
-    // 3. tonic's balanced channel, driven by the filter.
+    });
+    let healthy_only =
+        HealthFilter::tonic_endpoints(futures_util::stream::iter(endpoints), checker.clone());
     let (channel, changes) = Channel::balance_channel::<String>(16);
-    tokio::spawn(drive_balance_channel(filter, changes));
+    tokio::spawn(drive_balance_channel(healthy_only, changes));
     let mut client = TestServiceClient::new(channel);
 
     checker.wait_until_ready(Duration::from_secs(5)).await;
-    let mut events = checker.subscribe();
-    let mut round = async |label: &str| -> Result<(), tonic::Status> {
-        backends.iter().for_each(|b| b.reset_counters());
-        for _ in 0..60 {
-            client.unary(Ping::default()).await?;
-        }
-        let split: Vec<String> = backends
-            .iter()
-            .map(|b| format!("{}={}", b.name(), b.hits()))
-            .collect();
-        println!("{label:<28} 60 calls: {}", split.join(" "));
-        Ok(())
-    };
-
-    round("all serving").await?;
-
+    let mut transitions = checker.subscribe();
     backends[1].set_serving(false).await;
-    wait_for(&mut events, HealthVerdict::Unhealthy).await;
-    // The forwarding task sends the `Remove` right after the transition; give it a moment.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    round("b1 NOT_SERVING").await?;
-    assert_eq!(backends[1].hits(), 0, "a NOT_SERVING backend gets no calls");
+    while transitions.recv().await?.to != LineState::Health(HealthVerdict::Unhealthy) {}
+    tokio::time::sleep(Duration::from_millis(50)).await; // tonic applies the change in its task
 
-    backends[1].set_serving(true).await;
-    wait_for(&mut events, HealthVerdict::Healthy).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    round("b1 SERVING again").await?;
-
+    backends.iter().for_each(|b| b.reset_counters());
+    for _ in 0..30 {
+        client.unary(Ping::default()).await?;
+    }
+    let hits: Vec<u64> = backends.iter().map(|b| b.hits()).collect();
+    println!("b1 NOT_SERVING, 30 calls through tonic's balancer: {hits:?}");
+    assert_eq!(hits[1], 0);
     checker.stop().await;
     Ok(())
-}
-
-async fn wait_for(
-    events: &mut tokio::sync::broadcast::Receiver<health_layer::Transition>,
-    to: HealthVerdict,
-) {
-    while let Ok(t) = events.recv().await {
-        if t.to == to {
-            println!(
-                "transition: {} {} -> {} ({})",
-                t.target,
-                t.from,
-                t.to,
-                t.reason.as_deref().unwrap_or("-")
-            );
-            return;
-        }
-    }
 }

@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use endpoint_state::{EndpointCard, HealthVerdict};
+use endpoint_state::{CardEvent, EndpointCard, HealthVerdict};
 use futures_core::Stream;
 use pin_project_lite::pin_project;
 use tokio_stream::wrappers::BroadcastStream;
@@ -68,7 +68,7 @@ pin_project! {
         discover: D,
         checker: HealthChecker,
         target_of: TargetOf<D::Key, D::Service>,
-        transitions: BroadcastStream<crate::Transition>,
+        transitions: BroadcastStream<CardEvent>,
         known: HashMap<D::Key, Known<D::Service>>,
         by_target: HashMap<Arc<str>, Vec<D::Key>>,
         // Targets the filter added to the checker (and removes with their last key).

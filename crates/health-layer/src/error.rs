@@ -6,43 +6,17 @@ use std::sync::Arc;
 
 use crate::probe::ProbeError;
 
-/// The boxed error type used where a cause of any type is kept.
-pub type BoxError = Box<dyn Error + Send + Sync + 'static>;
+/// The boxed error type used where a cause of any type is kept (the kit's one, from
+/// [`endpoint_state`]).
+#[doc(no_inline)]
+pub use endpoint_state::BoxError;
 
-/// A configuration value that cannot work, found when the checker was built.
+/// A configuration value that cannot work, found when the checker was built (the kit's one,
+/// from [`endpoint_state`]; the configuration is `"health check"`).
 ///
-/// Displays as `invalid health check config: timeout = 0ns: must be greater than zero`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The setting, as named by its setter (`timeout`, `jitter`, `watch_backoff.max`, ...).
-    pub field: &'static str,
-    /// The value given, as written by `Debug`.
-    pub value: String,
-    /// What a valid value looks like.
-    pub expected: &'static str,
-}
-
-impl ConfigError {
-    pub(crate) fn new(field: &'static str, value: impl fmt::Debug, expected: &'static str) -> Self {
-        ConfigError {
-            field,
-            value: format!("{value:?}"),
-            expected,
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid health check config: {} = {}: {}",
-            self.field, self.value, self.expected
-        )
-    }
-}
-
-impl Error for ConfigError {}
+/// Displays as `invalid health check configuration: timeout = 0ns: expected more than zero`.
+#[doc(no_inline)]
+pub use endpoint_state::ConfigError;
 
 /// Why the checker cannot say whether a target is healthy: no checker runs that will ever
 /// produce a verdict for it. See [`NotRunning::cause`].

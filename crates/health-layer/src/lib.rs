@@ -14,14 +14,15 @@
 //!   `Channel::balance_channel` through [`drive_balance_channel`].
 //! * The checker's API: [`is_healthy`](HealthChecker::is_healthy),
 //!   [`status`](HealthChecker::status), [`subscribe`](HealthChecker::subscribe) to
-//!   transitions, [`on_transition`](HealthChecker::on_transition) callbacks.
+//!   transitions, [`on_transition`](HealthChecker::on_transition) callbacks. A transition is
+//!   a [`CardEvent`] of the card's health line, the same event every layer's change of a card
+//!   is, so metrics and logs observe one stream.
 //!
 //! **Probes** ([`ProbeMode`]): `grpc.health.v1.Health/Check` with a deadline (default);
 //! `Watch`, one stream per target whose every message is a verdict at once (a backend set to
 //! `NOT_SERVING` is gated within a millisecond), re-subscribing with backoff when the stream
-//! breaks; an HTTP GET judged by a predicate (cargo feature `http-probe`, on by default); or
-//! your own. The service name defaults to `""`,
-//! the whole server.
+//! breaks (with a [`Backoff`]); an HTTP GET judged by a predicate (cargo feature `http-probe`,
+//! on by default); or your own. The service name defaults to `""`, the whole server.
 //!
 //! **Evidence only, with gRPC's client health semantics (gRFC A17).** A target is healthy
 //! only after a probe saw it serving: until then its card says
@@ -49,9 +50,13 @@
 //! **Schedule.** Every target has its own next-check instant on tokio's monotonic clock (no
 //! global tick: a black-holed target never delays another). Defaults: every 30 s, 5 s
 //! timeout; after n failures in a row the next check waits `interval × 2^(n−1)`, at most
-//! 300 s; one success resets. Interval 0 means one check when a target is added, then
-//! on-demand checks only. At most
+//! 300 s (a [`Backoff`] too); one success resets. Interval 0 means one check when a target is
+//! added, then on-demand checks only. At most
 //! [`max_concurrent_probes`](HealthConfig::max_concurrent_probes) probes run at once.
+//!
+//! **Configuration** is a plain [`HealthConfig`] with setters, validated once when the checker
+//! is built; with the cargo feature `serde` it also deserializes from a document (TOML, JSON,
+//! ...), durations in humantime form.
 //!
 //! # Example
 //!
@@ -102,11 +107,10 @@ pub mod discover;
 pub mod error;
 mod layer;
 pub mod probe;
-mod schedule;
 mod service;
 
-pub use checker::{HealthChecker, Target, TargetStatus, Transition};
-pub use config::{HealthConfig, ProbeMode, WatchBackoff};
+pub use checker::{HealthChecker, Target, TargetStatus};
+pub use config::{HealthConfig, ProbeMode};
 pub use discover::{HealthFilter, drive_balance_channel};
 pub use error::{
     ConfigError, InvalidTarget, NotRunning, NotRunningCause, RefusedBecause, StartError,
@@ -116,4 +120,4 @@ pub use layer::HealthLayer;
 pub use service::Health;
 
 #[doc(no_inline)]
-pub use endpoint_state::{EndpointCard, HealthVerdict};
+pub use endpoint_state::{Backoff, CardEvent, EndpointCard, HealthVerdict, LineState};

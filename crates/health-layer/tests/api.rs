@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use health_layer::{
-    EndpointCard, HealthChecker, HealthConfig, HealthVerdict, RefusedBecause, WatchBackoff,
+    Backoff, EndpointCard, HealthChecker, HealthConfig, HealthVerdict, RefusedBecause,
 };
-use support::{Script, Step};
+use support::{Script, Step, transitions, verdict};
 use tokio::sync::broadcast::error::TryRecvError;
 
 const fn s(secs: u64) -> Duration {
@@ -52,7 +52,10 @@ async fn add_target_checked_refuses_a_failing_target_and_stores_nothing() {
     let status = checker.status("good").unwrap();
     assert_eq!(status.verdict, HealthVerdict::Healthy);
     assert_eq!(status.next_check, Some(script.t0 + s(120 + 30)));
-    assert_eq!(events.try_recv().unwrap().to, HealthVerdict::Healthy);
+    assert_eq!(
+        verdict(events.try_recv().unwrap().to),
+        HealthVerdict::Healthy
+    );
     tokio::time::sleep(s(31)).await;
     assert_eq!(script.calls_ms("good"), [120_000, 150_000]);
     checker.stop().await;
@@ -94,7 +97,7 @@ async fn check_now_publishes_like_a_scheduled_check() {
     assert_eq!(seen.load(Ordering::SeqCst), 2, "callback fired");
     let t = events.recv().await.unwrap();
     assert_eq!(
-        (t.from, t.to),
+        (verdict(t.from), verdict(t.to)),
         (HealthVerdict::Healthy, HealthVerdict::Unhealthy)
     );
 
@@ -129,7 +132,7 @@ async fn subscribers_and_callbacks_see_transitions_only() {
         .unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = log.clone();
-    checker.on_transition(move |t| sink.lock().unwrap().push((t.from, t.to)));
+    checker.on_transition(move |t| sink.lock().unwrap().push((verdict(t.from), verdict(t.to))));
     let mut events = checker.subscribe();
     checker.start(["t"]).unwrap();
     tokio::time::sleep(Duration::from_millis(7_500)).await;
@@ -145,8 +148,8 @@ async fn subscribers_and_callbacks_see_transitions_only() {
     assert_eq!(*log.lock().unwrap(), want);
     let mut got = Vec::new();
     while let Ok(t) = events.try_recv() {
-        got.push((t.from, t.to));
-        if t.to == Unhealthy {
+        got.push((verdict(t.from), verdict(t.to)));
+        if verdict(t.to) == Unhealthy {
             assert!(matches!(t.reason.as_deref(), Some("a") | Some("c")));
         }
     }
@@ -174,9 +177,7 @@ async fn a_slow_subscriber_loses_the_oldest_transitions_and_is_told() {
     checker.start(["t"]).unwrap();
     tokio::time::sleep(Duration::from_millis(5_500)).await;
     assert_eq!(events.try_recv(), Err(TryRecvError::Lagged(4)));
-    let last_two: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let last_two = transitions(&mut events);
     assert_eq!(last_two, [HealthVerdict::Healthy, HealthVerdict::Unhealthy]);
     checker.stop().await;
 }
@@ -220,7 +221,8 @@ async fn with_fail_fast_callbacks_the_panic_surfaces_to_the_caller_of_stop() {
         .fail_fast_callbacks(true)
         .build()
         .unwrap();
-    checker.on_transition(|t| assert_eq!(t.to, HealthVerdict::Unhealthy, "test assertion"));
+    checker
+        .on_transition(|t| assert_eq!(verdict(t.to), HealthVerdict::Unhealthy, "test assertion"));
     checker.start(["t"]).unwrap();
     assert!(checker.wait_until_ready(s(1)).await);
     assert!(checker.is_healthy("t").unwrap(), "monitoring went on");
@@ -241,53 +243,53 @@ fn invalid_configuration_names_the_field_and_the_value() {
     let cases: Vec<(HealthConfig, &str)> = vec![
         (
             HealthConfig::new().timeout(Duration::ZERO),
-            "invalid health check config: timeout = 0ns: must be greater than zero",
+            "invalid health check configuration: timeout = 0ns: expected more than zero",
         ),
         (
             HealthConfig::new().interval(s(60)).max_backoff(s(30)),
-            "invalid health check config: max_backoff = 30s: must be at least the interval",
+            "invalid health check configuration: max_backoff = 30s: expected at least the interval",
         ),
         (
             HealthConfig::new().jitter(1.5),
-            "invalid health check config: jitter = 1.5: must be a fraction in [0, 1)",
+            "invalid health check configuration: jitter = 1.5: expected a fraction in [0, 1)",
         ),
         (
             HealthConfig::new().jitter(f64::NAN),
-            "invalid health check config: jitter = NaN: must be a fraction in [0, 1)",
+            "invalid health check configuration: jitter = NaN: expected a fraction in [0, 1)",
         ),
         (
             HealthConfig::new().max_concurrent_probes(0),
-            "invalid health check config: max_concurrent_probes = 0: must be between 1 and 2^29",
+            "invalid health check configuration: max_concurrent_probes = 0: expected between 1 and 2^29",
         ),
         (
             HealthConfig::new().events_capacity(0),
-            "invalid health check config: events_capacity = 0: must be between 1 and 2^29",
+            "invalid health check configuration: events_capacity = 0: expected between 1 and 2^29",
         ),
         (
-            HealthConfig::new().watch_backoff(WatchBackoff {
+            HealthConfig::new().watch_backoff(Backoff {
                 multiplier: 0.5,
-                ..WatchBackoff::default()
+                ..HealthConfig::DEFAULT_WATCH_BACKOFF
             }),
-            "invalid health check config: watch_backoff.multiplier = 0.5: must be a finite number of at least 1",
+            "invalid health check configuration: watch_backoff.multiplier = 0.5: expected a finite number of at least 1",
         ),
         (
-            HealthConfig::new().watch_backoff(WatchBackoff {
+            HealthConfig::new().watch_backoff(Backoff {
                 max: Duration::from_millis(10),
-                ..WatchBackoff::default()
+                ..HealthConfig::DEFAULT_WATCH_BACKOFF
             }),
-            "invalid health check config: watch_backoff.max = 10ms: must be at least watch_backoff.initial",
+            "invalid health check configuration: watch_backoff.max = 10ms: expected at least watch_backoff.initial (1s)",
         ),
         (
             HealthConfig::new().mode(health_layer::ProbeMode::Http(
                 health_layer::probe::HttpProbe::new("no-slash"),
             )),
-            "invalid health check config: http_probe.path = \"no-slash\": a URI path starting with '/'",
+            "invalid health check configuration: http_probe.path = \"no-slash\": expected a URI path starting with '/'",
         ),
         (
             HealthConfig::new().mode(health_layer::ProbeMode::Http(
                 health_layer::probe::HttpProbe::new("/x").accept_status([42]),
             )),
-            "invalid health check config: http_probe.accept_status = [42]: one or more HTTP status codes between 100 and 599",
+            "invalid health check configuration: http_probe.accept_status = [42]: expected one or more HTTP status codes between 100 and 599",
         ),
     ];
     for (config, want) in cases {

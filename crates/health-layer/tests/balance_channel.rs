@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use health_layer::{HealthChecker, HealthFilter, HealthVerdict, ProbeMode};
+use support::hits_after;
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
@@ -75,14 +76,10 @@ async fn a_not_serving_backend_leaves_the_balanced_channel_and_comes_back() {
     want.sort();
     assert_eq!(inserted, want);
 
-    let mut run = async |n: usize| {
-        backends.iter().for_each(|b| b.reset_counters());
-        for _ in 0..n {
-            client.unary(Ping::default()).await.unwrap();
-        }
-        backends.iter().map(|b| b.hits()).collect::<Vec<_>>()
+    let mut ping = async || {
+        client.unary(Ping::default()).await.unwrap();
     };
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert!(hits.iter().all(|h| *h > 0), "{hits:?}");
 
     let b1 = backends[1].uri();
@@ -92,13 +89,13 @@ async fn a_not_serving_backend_leaves_the_balanced_channel_and_comes_back() {
         checker.status(&b1).unwrap().verdict,
         HealthVerdict::Unhealthy
     );
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert_eq!(hits[1], 0, "{hits:?}");
     assert_eq!(hits.iter().sum::<u64>(), 60);
 
     backends[1].set_serving(true).await;
     assert_eq!(forward(&mut filter, &changes).await, format!("insert {b1}"));
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert!(hits[1] > 0, "back in the balanced channel: {hits:?}");
     checker.stop().await;
 }

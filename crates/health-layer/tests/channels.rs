@@ -38,7 +38,7 @@ async fn a_failed_probe_drops_its_channel_before_publishing_and_the_next_one_rec
         let target = target.clone();
         checker.on_transition(move |t| {
             let open = me.status(&target).unwrap().channel_open;
-            seen.lock().unwrap().push((t.to, open));
+            seen.lock().unwrap().push((support::verdict(t.to), open));
         });
     }
 

@@ -54,15 +54,20 @@ async fn a_target_is_not_healthy_before_its_first_serving() {
     checker.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stopped_checker_without_verdict_is_not_running_but_a_verdict_stays() {
+/// A checker whose target `hangs` never answers (within a minute), and any other passes.
+fn with_a_hanging_target() -> HealthChecker {
     let script = Script::new();
     script.set("hangs", [Step::Hang]);
-    let checker = HealthChecker::builder()
+    HealthChecker::builder()
         .mode(script.mode())
         .timeout(Duration::from_secs(60))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_checker_without_verdict_is_not_running_but_a_verdict_stays() {
+    let checker = with_a_hanging_target();
     checker.start(["ok", "hangs"]).unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(checker.is_healthy("ok"), Ok(true));
@@ -106,13 +111,7 @@ async fn wait_until_ready_is_true_once_every_target_has_a_verdict() {
 
 #[tokio::test(start_paused = true)]
 async fn wait_until_ready_is_false_on_timeout_and_when_not_running() {
-    let script = Script::new();
-    script.set("hangs", [Step::Hang]);
-    let checker = HealthChecker::builder()
-        .mode(script.mode())
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let checker = with_a_hanging_target();
     checker.add_target("ok").unwrap();
     assert!(
         !checker.wait_until_ready(Duration::from_secs(5)).await,

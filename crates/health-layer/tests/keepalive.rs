@@ -9,8 +9,10 @@ mod support;
 
 use std::time::Duration;
 
-use health_layer::{HealthChecker, HealthVerdict, ProbeMode};
+use health_layer::{CardEvent, EndpointCard, HealthChecker, HealthVerdict, ProbeMode};
+use support::transitions;
 use test_backends::{Backend, PingGuard, PingPolicy};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
 
@@ -44,25 +46,40 @@ fn intervals(guard: &PingGuard) -> Vec<Vec<u128>> {
         .collect()
 }
 
+/// Checks the guarded backend, subscribed to the transitions, until it is healthy.
+async fn started(
+    checker: &HealthChecker,
+    guard: &PingGuard,
+) -> (EndpointCard, broadcast::Receiver<CardEvent>) {
+    let card = checker.add_target(guard.uri()).unwrap();
+    let events = checker.subscribe();
+    checker.start(Vec::<&str>::new()).unwrap();
+    assert!(support::wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
+    (card, events)
+}
+
+/// A backend behind a proxy that allows a ping every 500 ms at most (none without calls).
+async fn guarded() -> (Backend, PingGuard) {
+    let backend = Backend::start("b0").await.unwrap();
+    let guard = PingGuard::start(backend.addr(), strict(Duration::from_millis(500)))
+        .await
+        .unwrap();
+    (backend, guard)
+}
+
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     assert!(support::eventually(LIMIT, &mut cond).await, "{what}");
 }
 
 #[tokio::test]
 async fn probe_keepalive_doubles_after_too_many_pings_and_the_target_stays_healthy() {
-    let backend = Backend::start("b0").await.unwrap();
-    let guard = PingGuard::start(backend.addr(), strict(Duration::from_millis(500)))
-        .await
-        .unwrap();
+    let (backend, guard) = guarded().await;
     let checker = HealthChecker::builder()
         .mode(ProbeMode::Watch)
         .probe_keepalive(Some(Duration::from_millis(150)))
         .build()
         .unwrap();
-    let card = checker.add_target(guard.uri()).unwrap();
-    let mut events = checker.subscribe();
-    checker.start(Vec::<&str>::new()).unwrap();
-    assert!(support::wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
+    let (card, mut events) = started(&checker, &guard).await;
 
     // 150 ms: refused; 300 ms: refused; 600 ms: accepted.
     until("two GOAWAYs", || guard.goaways_sent() == 2).await;
@@ -82,9 +99,7 @@ async fn probe_keepalive_doubles_after_too_many_pings_and_the_target_stays_healt
     }
     // The GOAWAYs were no evidence against the target: it never left the rotation.
     assert_eq!(card.health_verdict(), HealthVerdict::Healthy);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     assert_eq!(transitions, [HealthVerdict::Healthy]);
     assert_eq!(backend.health_checks(), 3, "one Watch per connection");
     checker.stop().await;
@@ -93,10 +108,7 @@ async fn probe_keepalive_doubles_after_too_many_pings_and_the_target_stays_healt
 #[tokio::test]
 async fn the_templates_own_keepalive_is_kept_and_after_too_many_pings_slowed_to_what_servers_accept()
  {
-    let backend = Backend::start("b0").await.unwrap();
-    let guard = PingGuard::start(backend.addr(), strict(Duration::from_millis(500)))
-        .await
-        .unwrap();
+    let (backend, guard) = guarded().await;
     let checker = HealthChecker::builder()
         .mode(ProbeMode::Watch)
         // The user's keepalive: the checker keeps it (it used to force 10 s on Watch probes).
@@ -106,10 +118,7 @@ async fn the_templates_own_keepalive_is_kept_and_after_too_many_pings_slowed_to_
         })
         .build()
         .unwrap();
-    let card = checker.add_target(guard.uri()).unwrap();
-    let mut events = checker.subscribe();
-    checker.start(Vec::<&str>::new()).unwrap();
-    assert!(support::wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
+    let (card, mut events) = started(&checker, &guard).await;
     until("a GOAWAY", || guard.goaways_sent() == 1).await;
     until("the second connection's Watch", || {
         backend.health_checks() == 2 && card.health_verdict() == HealthVerdict::Healthy
@@ -127,9 +136,7 @@ async fn the_templates_own_keepalive_is_kept_and_after_too_many_pings_slowed_to_
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(guard.pings(), pings, "no ping on the new connection");
     assert_eq!(guard.goaways_sent(), 1);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     assert_eq!(transitions, [HealthVerdict::Healthy]);
     checker.stop().await;
 }
@@ -158,10 +165,7 @@ async fn check_mode_slows_its_pings_after_too_many_pings_without_a_failed_probe(
         })
         .build()
         .unwrap();
-    let card = checker.add_target(guard.uri()).unwrap();
-    let mut events = checker.subscribe();
-    checker.start(Vec::<&str>::new()).unwrap();
-    assert!(support::wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
+    let (_card, mut events) = started(&checker, &guard).await;
     until("a GOAWAY", || guard.goaways_sent() >= 1).await;
     // The next checks pass (on a connection tonic makes again, then on one of the checker's
     // own with slower pings), and the server has nothing more to refuse.
@@ -181,9 +185,7 @@ async fn check_mode_slows_its_pings_after_too_many_pings_without_a_failed_probe(
     );
     let status = checker.status(&guard.uri()).unwrap();
     assert_eq!(status.consecutive_failures, 0);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     assert_eq!(
         transitions,
         [HealthVerdict::Healthy],

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use health_layer::{HealthChecker, HealthFilter, HealthVerdict, ProbeMode, Target};
-use support::wait_verdict;
+use support::{hits_after, wait_verdict};
 use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
@@ -47,27 +47,23 @@ async fn the_gate_takes_a_not_serving_backend_out_of_p2c_and_brings_it_back() {
     let balance = Balance::new(discover);
     let mut client = TestServiceClient::new(Buffer::new(balance, 64));
 
-    let mut run = async |n: usize| {
-        backends.iter().for_each(|b| b.reset_counters());
-        for _ in 0..n {
-            client.unary(Ping::default()).await.unwrap();
-        }
-        backends.iter().map(|b| b.hits()).collect::<Vec<_>>()
+    let mut ping = async || {
+        client.unary(Ping::default()).await.unwrap();
     };
 
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert!(hits.iter().all(|h| *h > 0), "{hits:?}");
 
     let card = checker.card(&backends[1].uri()).unwrap();
     backends[1].set_serving(false).await;
     assert!(wait_verdict(&card, HealthVerdict::Unhealthy, LIMIT).await);
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert_eq!(hits[1], 0, "{hits:?}");
     assert_eq!(hits.iter().sum::<u64>(), 60);
 
     backends[1].set_serving(true).await;
     assert!(wait_verdict(&card, HealthVerdict::Healthy, LIMIT).await);
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert!(hits[1] > 0, "back in rotation: {hits:?}");
     checker.stop().await;
 }
@@ -102,14 +98,10 @@ async fn the_discover_filter_drives_p2c() {
     assert_eq!(checker.targets().len(), 3);
     assert!(checker.wait_until_ready(LIMIT).await);
 
-    let mut run = async |n: usize| {
-        backends.iter().for_each(|b| b.reset_counters());
-        for _ in 0..n {
-            client.unary(Ping::default()).await.unwrap();
-        }
-        backends.iter().map(|b| b.hits()).collect::<Vec<_>>()
+    let mut ping = async || {
+        client.unary(Ping::default()).await.unwrap();
     };
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert!(hits.iter().all(|h| *h > 0), "{hits:?}");
 
     // Wait for the transition itself (published after the card changed): from then on the
@@ -117,12 +109,12 @@ async fn the_discover_filter_drives_p2c() {
     let mut events = checker.subscribe();
     backends[2].set_serving(false).await;
     assert!(support::wait_transition(&mut events, &uris[2], HealthVerdict::Unhealthy, LIMIT).await);
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert_eq!(hits[2], 0, "{hits:?}");
 
     backends[2].set_serving(true).await;
     assert!(support::wait_transition(&mut events, &uris[2], HealthVerdict::Healthy, LIMIT).await);
-    let hits = run(60).await;
+    let hits = hits_after(&backends, 60, &mut ping).await;
     assert!(hits[2] > 0, "back in rotation: {hits:?}");
     checker.stop().await;
 }

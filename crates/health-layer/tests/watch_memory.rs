@@ -3,6 +3,8 @@
 //! the server closes (verdict kept), silent streams verified with `Check`, and gRFC A17's
 //! `UNIMPLEMENTED`.
 
+mod support;
+
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
@@ -10,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::Stream;
-use health_layer::{HealthChecker, HealthVerdict, ProbeMode, WatchBackoff};
+use health_layer::{Backoff, HealthChecker, HealthConfig, HealthVerdict, ProbeMode};
 use hyper_util::rt::TokioIo;
+use support::transitions;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::transport::{Endpoint, Server};
@@ -130,9 +133,9 @@ fn checker_with(
     adjust(HealthChecker::builder())
         .mode(ProbeMode::Watch)
         .timeout(Duration::from_secs(5))
-        .watch_backoff(WatchBackoff {
+        .watch_backoff(Backoff {
             jitter: 0.0, // exact instants; the jittered band is unit-tested
-            ..WatchBackoff::default()
+            ..HealthConfig::DEFAULT_WATCH_BACKOFF
         })
         .connector(move |endpoint: Endpoint| {
             let server = server.clone();
@@ -229,9 +232,7 @@ async fn watch_reacts_to_each_message_and_re_subscribes_with_backoff() {
     // Re-subscriptions: at once after a stream that had answered ended (0 and 20 s); after
     // failures 1 s, then 1.6 s.
     assert_eq!(server.watches(), [0, 0, 1_000, 2_600, 20_000]);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     use HealthVerdict::*;
     assert_eq!(transitions, [Healthy, Unhealthy, Healthy, Unhealthy]);
     assert_eq!(
@@ -300,9 +301,7 @@ async fn a_stream_the_server_ends_is_re_subscribed_at_once_and_keeps_its_verdict
     at(6_001).await;
     assert_eq!(card.health_verdict(), HealthVerdict::Healthy);
     assert_eq!(server.watches(), [0, 0, 6_000]);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     use HealthVerdict::*;
     assert_eq!(transitions, [Healthy, Unhealthy, Healthy]);
     checker.stop().await;
@@ -326,9 +325,7 @@ async fn a_server_that_ends_every_stream_at_once_costs_one_subscription_a_second
     tokio::time::sleep_until(t0 + Duration::from_millis(4_500)).await;
     assert_eq!(server.watches(), [0, 0, 1_000, 2_000, 3_000, 4_000]);
     assert_eq!(card.health_verdict(), HealthVerdict::Healthy);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     assert_eq!(transitions, [HealthVerdict::Healthy], "never unhealthy");
     checker.stop().await;
 }
@@ -411,9 +408,7 @@ async fn an_unimplemented_watch_is_healthy_and_not_subscribed_again_on_the_same_
     at(616_001).await;
     assert_eq!(server.watches(), [0, 616_000]);
     assert_eq!(card.health_verdict(), HealthVerdict::Healthy);
-    let transitions: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
-        .map(|t| t.to)
-        .collect();
+    let transitions = transitions(&mut events);
     use HealthVerdict::*;
     assert_eq!(transitions, [Healthy, Unhealthy, Healthy]);
     checker.stop().await;

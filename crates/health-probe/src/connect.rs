@@ -1,32 +1,36 @@
 //! Connecting the way `grpc_health_probe` does: connected means the server has spoken.
 //!
 //! grpc-go's blocking dial, which the original uses, returns only once the connection is
-//! READY — TCP up, TLS done, and the server's HTTP/2 preface (its SETTINGS frame) received.
-//! tonic's `Endpoint::connect` (and so health-layer's `probe::connect`) returns as soon as TCP
-//! (and TLS) is up and the client preface is written, so a black-holed address — accepts TCP,
-//! never answers — would "connect" and then fail the RPC (exit code 3) instead of failing to
-//! connect within `-connect-timeout` (exit code 2). So this crate connects through its own
-//! connector, which watches the first bytes the server sends: a SETTINGS frame header means
-//! connected; anything else, an early close or a read error means the connection failed.
+//! READY — TCP up, TLS done, and the server's HTTP/2 preface (its SETTINGS frame) received — so
+//! a black-holed address (accepts TCP, never answers) fails to connect within
+//! `-connect-timeout` (exit code 2) rather than failing the RPC (exit code 3). tonic's
+//! `Endpoint::connect` returns as soon as TCP (and TLS) is up and the client preface is
+//! written; health-layer's `probe::connect` waits for the server's SETTINGS too, but only for
+//! plaintext endpoints (tonic does TLS above its connector, out of sight of the bytes).
 //!
-//! The connector also does TLS itself (rustls, ALPN `h2`), so that the watch sits on the
-//! HTTP/2 bytes in both cases and so that `-tls-no-verify` can use its own verifier; tonic
-//! gets a plaintext-looking stream and an `https` origin for `:scheme`.
+//! So this crate connects through its own connector: it dials TCP or a Unix socket, does TLS
+//! itself (rustls, ALPN `h2`, `-tls-no-verify`'s own verifier, client certificates), and wraps
+//! the stream in health-layer's frame watcher ([`health_layer::probe::frames`]), which sees the
+//! HTTP/2 bytes in both cases: a SETTINGS frame header means connected; anything else, an early
+//! close, or a read or write error means the connection failed. tonic gets a
+//! plaintext-looking stream and an `https` origin for `:scheme`.
 
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use endpoint_state::BoxError;
+use endpoint_state::sync::lock;
+use health_layer::probe::frames::{Hex, NotConnected, ServerFrames, Speaks, WatchedIo};
 use health_layer::probe::{ProbeError, ProbeFailure};
 use http::{HeaderValue, Uri};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::watch;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::transport::{Channel, Endpoint};
 use tower_service::Service;
 
@@ -46,7 +50,7 @@ pub(crate) async fn connect(
     dialer: &Dialer,
     limit: Duration,
 ) -> Result<Channel, ProbeError> {
-    let failed = |source: Box<dyn Error + Send + Sync>| {
+    let failed = |source: BoxError| {
         ProbeError::new(
             target.as_str(),
             ProbeFailure::Connect {
@@ -69,35 +73,30 @@ pub(crate) async fn connect(
             .user_agent(user_agent.clone())
             .map_err(|e| failed(Box::new(e)))?;
     }
-    let (preface, mut heard) = watch::channel(Preface::Waiting);
     let connector = Connector {
         target: target.clone(),
         tls: dialer.tls.clone(),
-        preface: Arc::new(preface),
+        frames: ServerFrames::new(),
+        open_failed: Arc::default(),
     };
+    let (frames, open_failed) = (connector.frames.clone(), connector.open_failed.clone());
+    let preface_failed = |e: Arc<NotConnected>| ConnectFailed::new(target, Stage::Preface(e));
     let attempt = async {
         let channel = match endpoint.connect_with_connector(connector).await {
             Ok(channel) => channel,
             Err(e) => {
                 // Our connector's own error says more than tonic's "transport error".
-                return Err(match &*heard.borrow() {
-                    Preface::Failed(ours) => failed(Box::new(Arc::clone(ours))),
-                    _ => failed(Box::new(e)),
+                let ours = lock(&open_failed).clone();
+                return Err(match (ours, frames.failure()) {
+                    (Some(ours), _) => failed(Box::new(ours)),
+                    (None, Some(preface)) => failed(Box::new(preface_failed(preface))),
+                    (None, None) => failed(Box::new(e)),
                 });
             }
         };
-        let state = heard
-            .wait_for(|p| !matches!(p, Preface::Waiting))
-            .await
-            .map(|p| p.clone());
-        match state {
-            Ok(Preface::Received) => Ok(channel),
-            Ok(Preface::Failed(ours)) => Err(failed(Box::new(ours))),
-            // The connection (and its watch) went away without a word.
-            Ok(Preface::Waiting) | Err(_) => Err(failed(Box::new(ConnectFailed::new(
-                target,
-                Stage::Closed { first: Vec::new() },
-            )))),
+        match frames.preface().await {
+            Ok(()) => Ok(channel),
+            Err(e) => Err(failed(Box::new(preface_failed(e)))),
         }
     };
     match tokio::time::timeout(limit, attempt).await {
@@ -112,14 +111,6 @@ pub(crate) async fn connect(
     }
 }
 
-/// What the server has said so far.
-#[derive(Debug, Clone)]
-enum Preface {
-    Waiting,
-    Received,
-    Failed(Arc<ConnectFailed>),
-}
-
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 type BoxIo = Box<dyn Io>;
@@ -128,7 +119,10 @@ type BoxIo = Box<dyn Io>;
 struct Connector {
     target: Target,
     tls: Option<TlsSetup>,
-    preface: Arc<watch::Sender<Preface>>,
+    /// What the server sends on each connection.
+    frames: ServerFrames,
+    /// Why the last connection could not be opened (dial, TLS), if it could not.
+    open_failed: Arc<Mutex<Option<Arc<ConnectFailed>>>>,
 }
 
 impl Connector {
@@ -173,7 +167,7 @@ impl Connector {
 }
 
 impl Service<Uri> for Connector {
-    type Response = TokioIo<PrefaceWatch<BoxIo>>;
+    type Response = TokioIo<WatchedIo<BoxIo>>;
     type Error = Arc<ConnectFailed>;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -185,179 +179,14 @@ impl Service<Uri> for Connector {
         let this = self.clone();
         Box::pin(async move {
             match this.open().await {
-                Ok(io) => Ok(TokioIo::new(PrefaceWatch::new(
-                    io,
-                    this.target.clone(),
-                    Arc::clone(&this.preface),
-                ))),
+                Ok(io) => Ok(TokioIo::new(this.frames.watch(io))),
                 Err(e) => {
                     let e = Arc::new(e);
-                    this.preface.send_replace(Preface::Failed(Arc::clone(&e)));
+                    *lock(&this.open_failed) = Some(Arc::clone(&e));
                     Err(e)
                 }
             }
         })
-    }
-}
-
-/// Passes every byte through, and reports once what the server's first bytes were.
-struct PrefaceWatch<T> {
-    io: T,
-    target: Target,
-    header: Vec<u8>,
-    report: Option<Arc<watch::Sender<Preface>>>,
-}
-
-/// An HTTP/2 frame header is 9 bytes; the server's first frame must be SETTINGS (RFC 9113
-/// §3.4): type 0x4, no ACK flag, stream 0, a length that is a multiple of 6.
-const FRAME_HEADER: usize = 9;
-
-fn is_settings_frame(h: &[u8]) -> bool {
-    let length = u32::from_be_bytes([0, h[0], h[1], h[2]]);
-    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-    h[3] == 0x4 && h[4] & 0x1 == 0 && stream == 0 && length.is_multiple_of(6)
-}
-
-impl<T> PrefaceWatch<T> {
-    fn new(io: T, target: Target, report: Arc<watch::Sender<Preface>>) -> Self {
-        PrefaceWatch {
-            io,
-            target,
-            header: Vec::with_capacity(FRAME_HEADER),
-            report: Some(report),
-        }
-    }
-
-    fn finish(&mut self, state: Preface) {
-        if let Some(report) = self.report.take() {
-            report.send_replace(state);
-        }
-    }
-
-    fn saw(&mut self, result: &io::Result<()>, new: &[u8]) {
-        match result {
-            Err(e) => {
-                let e = io::Error::new(e.kind(), e.to_string());
-                let failure = ConnectFailed::new(&self.target, Stage::Read(e));
-                self.finish(Preface::Failed(Arc::new(failure)));
-            }
-            Ok(()) if new.is_empty() => {
-                let first = std::mem::take(&mut self.header);
-                let failure = ConnectFailed::new(&self.target, Stage::Closed { first });
-                self.finish(Preface::Failed(Arc::new(failure)));
-            }
-            Ok(()) => {
-                let want = FRAME_HEADER - self.header.len();
-                self.header.extend_from_slice(&new[..new.len().min(want)]);
-                if self.header.len() == FRAME_HEADER {
-                    if is_settings_frame(&self.header) {
-                        self.finish(Preface::Received);
-                    } else {
-                        let first = std::mem::take(&mut self.header);
-                        let failure = ConnectFailed::new(&self.target, Stage::NotHttp2 { first });
-                        self.finish(Preface::Failed(Arc::new(failure)));
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> PrefaceWatch<T> {
-    /// A write failed before the server's preface: the server has closed the connection,
-    /// perhaps after saying why (a TLS alert for a refused client certificate). Look once,
-    /// without waiting, then report the write error if the read said nothing conclusive. The
-    /// connection is dead either way, so taking its read interest away does no harm.
-    fn write_failed(&mut self, e: &io::Error) {
-        if self.report.is_none() {
-            return;
-        }
-        let mut scratch = [0u8; FRAME_HEADER];
-        let mut buf = ReadBuf::new(&mut scratch);
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        if let Poll::Ready(result) = Pin::new(&mut self.io).poll_read(&mut cx, &mut buf) {
-            self.saw(&result, buf.filled());
-        }
-        if self.report.is_some() {
-            let e = io::Error::new(e.kind(), e.to_string());
-            let failure = ConnectFailed::new(&self.target, Stage::Write(e));
-            self.finish(Preface::Failed(Arc::new(failure)));
-        }
-    }
-
-    /// Reports a write-side error, passing the result on.
-    fn check<R>(&mut self, polled: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
-        if let Poll::Ready(Err(e)) = &polled {
-            self.write_failed(e);
-        }
-        polled
-    }
-}
-
-impl<T> Drop for PrefaceWatch<T> {
-    /// Dropped before the server spoke: the connection is gone.
-    fn drop(&mut self) {
-        if self.report.is_some() {
-            let first = std::mem::take(&mut self.header);
-            let failure = ConnectFailed::new(&self.target, Stage::Closed { first });
-            self.finish(Preface::Failed(Arc::new(failure)));
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for PrefaceWatch<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if this.report.is_some()
-            && let Poll::Ready(result) = &polled
-        {
-            this.saw(result, &buf.filled()[before..]);
-        }
-        polled
-    }
-}
-
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PrefaceWatch<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
-        this.check(polled)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        this.check(polled)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_flush(cx);
-        this.check(polled)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
-        this.check(polled)
     }
 }
 
@@ -375,10 +204,8 @@ enum Stage {
     Dial(io::Error),
     ServerName(String),
     Tls(io::Error),
-    Read(io::Error),
-    Write(io::Error),
-    Closed { first: Vec<u8> },
-    NotHttp2 { first: Vec<u8> },
+    /// Connected, but the server did not send its HTTP/2 preface.
+    Preface(Arc<NotConnected>),
 }
 
 impl ConnectFailed {
@@ -392,48 +219,45 @@ impl ConnectFailed {
 
 /// What the first bytes look like, for a hint.
 fn guess(first: &[u8]) -> &'static str {
-    match first.first() {
-        Some(0x15 | 0x16) => "; it looks like a TLS server: try -tls",
-        _ if first.starts_with(b"HTTP/") => "; it looks like an HTTP/1 server",
-        _ => "",
+    match Speaks::guess(first) {
+        Some(Speaks::Tls) => "; it looks like a TLS server: try -tls",
+        Some(Speaks::Http1) => "; it looks like an HTTP/1 server",
+        None => "",
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 impl fmt::Display for ConnectFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = &self.target;
-        match &self.stage {
-            Stage::Dial(e) => write!(f, "dial {t}: {e}"),
-            Stage::ServerName(e) => write!(f, "no TLS server name for {t}: {e}"),
-            Stage::Tls(e) => write!(f, "tls handshake with {t}: {e}"),
-            Stage::Read(e) => write!(f, "reading the server's HTTP/2 settings from {t}: {e}"),
-            Stage::Write(e) => write!(
+        let preface = match &self.stage {
+            Stage::Dial(e) => return write!(f, "dial {t}: {e}"),
+            Stage::ServerName(e) => return write!(f, "no TLS server name for {t}: {e}"),
+            Stage::Tls(e) => return write!(f, "tls handshake with {t}: {e}"),
+            Stage::Preface(why) => why,
+        };
+        match &**preface {
+            NotConnected::Read(e) => {
+                write!(f, "reading the server's HTTP/2 settings from {t}: {e}")
+            }
+            NotConnected::Write(e) => write!(
                 f,
                 "{t} closed the connection before sending its HTTP/2 settings: {e}"
             ),
-            Stage::Closed { first } if first.is_empty() => write!(
+            NotConnected::Closed(first) if first.is_empty() => write!(
                 f,
                 "{t} closed the connection before sending its HTTP/2 settings"
             ),
-            Stage::Closed { first } => write!(
+            NotConnected::Closed(first) => write!(
                 f,
                 "{t} closed the connection after {} byte(s) that are not HTTP/2 ({}){}",
                 first.len(),
-                hex(first),
+                Hex(first),
                 guess(first)
             ),
-            Stage::NotHttp2 { first } => write!(
+            NotConnected::NotHttp2(first) => write!(
                 f,
                 "{t} did not answer with HTTP/2 (first bytes: {}){}",
-                hex(first),
+                Hex(first),
                 guess(first)
             ),
         }
@@ -443,8 +267,9 @@ impl fmt::Display for ConnectFailed {
 impl Error for ConnectFailed {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match &self.stage {
-            Stage::Dial(e) | Stage::Tls(e) | Stage::Read(e) | Stage::Write(e) => Some(e),
-            _ => None,
+            Stage::Dial(e) | Stage::Tls(e) => Some(e),
+            Stage::Preface(why) => why.source(),
+            Stage::ServerName(_) => None,
         }
     }
 }
@@ -461,116 +286,58 @@ impl Target {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
-    #[test]
-    fn recognises_a_server_settings_frame() {
-        // An empty SETTINGS frame, and one with two settings.
-        assert!(is_settings_frame(&[0, 0, 0, 4, 0, 0, 0, 0, 0]));
-        assert!(is_settings_frame(&[0, 0, 12, 4, 0, 0, 0, 0, 0]));
-        // A SETTINGS ACK, another frame type, a stream id, a bad length.
-        assert!(!is_settings_frame(&[0, 0, 0, 4, 1, 0, 0, 0, 0]));
-        assert!(!is_settings_frame(&[0, 0, 8, 6, 0, 0, 0, 0, 0]));
-        assert!(!is_settings_frame(&[0, 0, 0, 4, 0, 0, 0, 0, 1]));
-        assert!(!is_settings_frame(&[0, 0, 5, 4, 0, 0, 0, 0, 0]));
-        // A TLS alert record and an HTTP/1 status line.
-        assert!(!is_settings_frame(&[0x15, 3, 3, 0, 2, 2, 0x32, 0, 0]));
-        assert!(!is_settings_frame(b"HTTP/1.1 "));
-    }
-
-    #[tokio::test]
-    async fn the_watch_reports_settings_and_passes_bytes_through() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// What the probe says of a connection whose server sent `server_sends`, then closed it.
+    async fn said(server_sends: &[u8]) -> Option<String> {
         let target = Target::parse("h:1").unwrap();
-        for (server_sends, expect_ok) in [
-            (&[0u8, 0, 0, 4, 0, 0, 0, 0, 0, 0xAA][..], true),
-            (&b"HTTP/1.1 400 Bad Request\r\n"[..], false),
-            (&[0x15, 3, 3, 0, 2, 2, 0x32][..], false),
-        ] {
-            let (client, mut server) = tokio::io::duplex(64);
-            let (tx, mut rx) = watch::channel(Preface::Waiting);
-            let mut watched = PrefaceWatch::new(client, target.clone(), Arc::new(tx));
-            // Byte by byte: the header is assembled across reads.
-            for b in server_sends {
-                server.write_all(&[*b]).await.unwrap();
-            }
-            drop(server);
-            let mut got = Vec::new();
-            watched.read_to_end(&mut got).await.unwrap();
-            assert_eq!(got, server_sends, "bytes pass through unchanged");
-            let state = rx
-                .wait_for(|p| !matches!(p, Preface::Waiting))
-                .await
-                .unwrap()
-                .clone();
-            match (state, expect_ok) {
-                (Preface::Received, true) => {}
-                (Preface::Failed(e), false) => {
-                    let text = e.to_string();
-                    assert!(text.starts_with("tcp h:1 "), "{text}");
-                    if server_sends[0] == 0x15 {
-                        assert!(
-                            text.ends_with("it looks like a TLS server: try -tls"),
-                            "{text}"
-                        );
-                    } else {
-                        assert!(text.contains("did not answer with HTTP/2"), "{text}");
-                        assert!(text.ends_with("it looks like an HTTP/1 server"), "{text}");
-                    }
-                }
-                (other, _) => panic!("{server_sends:?}: {other:?}"),
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn a_write_failure_or_a_drop_before_the_settings_is_a_failure() {
-        use tokio::io::AsyncWriteExt;
-        let target = Target::parse("h:1").unwrap();
-        // The server went away before saying anything: the client's first write fails, and
-        // hyper drops the connection without reading (seen with a TLS server that refused
-        // the client certificate).
-        let (client, server) = tokio::io::duplex(64);
-        let (tx, rx) = watch::channel(Preface::Waiting);
-        let mut watched = PrefaceWatch::new(client, target.clone(), Arc::new(tx));
-        drop(server);
-        assert!(watched.write_all(b"PRI * HTTP/2.0").await.is_err());
-        assert!(
-            matches!(&*rx.borrow(), Preface::Failed(_)),
-            "reported at the write"
-        );
-
-        // Dropped while waiting, without any read or write error.
-        let (client, _server) = tokio::io::duplex(64);
-        let (tx, rx) = watch::channel(Preface::Waiting);
-        let watched = PrefaceWatch::new(client, target, Arc::new(tx));
-        drop(watched);
-        let Preface::Failed(e) = rx.borrow().clone() else {
-            panic!("not reported on drop")
-        };
-        assert!(
-            e.to_string()
-                .ends_with("before sending its HTTP/2 settings"),
-            "{e}"
-        );
-    }
-
-    #[tokio::test]
-    async fn an_early_close_is_a_failure() {
-        use tokio::io::AsyncReadExt;
-        let target = Target::parse("h:1").unwrap();
-        let (client, server) = tokio::io::duplex(64);
-        let (tx, rx) = watch::channel(Preface::Waiting);
-        let mut watched = PrefaceWatch::new(client, target, Arc::new(tx));
+        let (client, mut server) = tokio::io::duplex(64);
+        let frames = ServerFrames::new();
+        let mut watched = frames.watch(client);
+        server.write_all(server_sends).await.unwrap();
         drop(server);
         let mut got = Vec::new();
         watched.read_to_end(&mut got).await.unwrap();
-        let Preface::Failed(e) = rx.borrow().clone() else {
-            panic!("not a failure")
-        };
+        let preface = frames.preface().await.err()?;
+        Some(ConnectFailed::new(&target, Stage::Preface(preface)).to_string())
+    }
+
+    #[tokio::test]
+    async fn the_servers_first_bytes_are_named_in_the_originals_words() {
+        assert_eq!(said(&[0, 0, 0, 4, 0, 0, 0, 0, 0, 0xAA]).await, None);
+        let text = said(b"HTTP/1.1 400 Bad Request\r\n").await.unwrap();
+        assert!(
+            text.starts_with("tcp h:1 did not answer with HTTP/2 (first bytes: 48 54 54 50"),
+            "{text}"
+        );
+        assert!(text.ends_with("it looks like an HTTP/1 server"), "{text}");
+        let text = said(&[0x15, 3, 3, 0, 2, 2, 0x32]).await.unwrap();
         assert_eq!(
-            e.to_string(),
+            text,
+            "tcp h:1 closed the connection after 7 byte(s) that are not HTTP/2 \
+             (15 03 03 00 02 02 32); it looks like a TLS server: try -tls"
+        );
+        assert_eq!(
+            said(&[]).await.unwrap(),
             "tcp h:1 closed the connection before sending its HTTP/2 settings"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_failure_before_the_settings_is_named() {
+        let target = Target::parse("h:1").unwrap();
+        let (client, server) = tokio::io::duplex(64);
+        let frames = ServerFrames::new();
+        let mut watched = frames.watch(client);
+        drop(server);
+        assert!(watched.write_all(b"PRI * HTTP/2.0").await.is_err());
+        let e = ConnectFailed::new(&target, Stage::Preface(frames.failure().unwrap()));
+        assert!(
+            e.to_string()
+                .starts_with("tcp h:1 closed the connection before sending its HTTP/2 settings"),
+            "{e}"
         );
     }
 }

@@ -57,6 +57,7 @@
 mod args;
 mod connect;
 mod duration;
+mod outcome;
 mod output;
 mod probe;
 mod target;
@@ -73,7 +74,8 @@ pub use args::{
     usage,
 };
 pub use connect::ConnectFailed;
-pub use probe::{Outcome, Report, check_all};
+pub use outcome::{Outcome, Report};
+pub use probe::check_all;
 pub use target::{InvalidAddress, Target};
 
 #[doc(no_inline)]

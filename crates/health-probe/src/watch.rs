@@ -18,19 +18,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use health_layer::probe::{ProbeError, ProbeFailure, ServingStatus};
+use endpoint_state::Backoff;
+use health_layer::probe::{
+    ProbeError, ProbeFailure, ServingStatus, local_timeout_is_deadline, serving_status,
+};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::connect;
+use crate::outcome::Outcome;
 use crate::output::Log;
-use crate::probe::{Outcome, Phase, Prepared, local_timeout_is_deadline};
+use crate::probe::{Phase, Prepared};
 use crate::target::Target;
 
-/// The first wait after a failure; doubled after each further one.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-/// The longest wait between two attempts.
-const MAX_RETRY: Duration = Duration::from_secs(30);
+/// The wait after the n-th failure in a row (from 0): 1 s, doubled after each further one, at
+/// most 30 s.
+const RETRY: Backoff = Backoff::new(Duration::from_secs(1), 2.0, Duration::from_secs(30), 0.0);
 /// The wait before reconnecting after a stream that delivered statuses ended.
 const AFTER_STREAM: Duration = Duration::from_millis(100);
 /// How often `Check` is asked when the server has no `Watch`.
@@ -62,23 +65,23 @@ impl Watched {
     }
 }
 
-struct Backoff {
-    next: Duration,
+/// Failures in a row, and the wait each calls for.
+#[derive(Default)]
+struct Retries {
+    failures: u32,
 }
 
-impl Backoff {
-    fn new() -> Self {
-        Backoff { next: FIRST_RETRY }
-    }
-
+impl Retries {
+    /// The wait after one more failure.
     fn next(&mut self) -> Duration {
-        let now = self.next;
-        self.next = (self.next * 2).min(MAX_RETRY);
-        now
+        let wait = RETRY.nominal(self.failures);
+        self.failures = self.failures.saturating_add(1);
+        wait
     }
 
+    /// A status came: the next failure waits the first wait again.
     fn reset(&mut self) {
-        self.next = FIRST_RETRY;
+        self.failures = 0;
     }
 }
 
@@ -140,7 +143,7 @@ pub(crate) async fn watch(
             return;
         }
     };
-    let mut backoff = Backoff::new();
+    let mut retries = Retries::default();
     loop {
         watched.phase.connecting();
         log.verbose("establishing connection");
@@ -148,17 +151,17 @@ pub(crate) async fn watch(
         let delay = match connected {
             Err(e) => {
                 emitter.emit(Err(e));
-                backoff.next()
+                retries.next()
             }
             Ok(channel) => {
                 log.verbose("connection established");
                 watched.phase.rpc();
                 match follow(&prepared, channel, &mut emitter).await {
                     Ended::AfterStatuses => {
-                        backoff.reset();
+                        retries.reset();
                         AFTER_STREAM
                     }
-                    Ended::Failed => backoff.next(),
+                    Ended::Failed => retries.next(),
                 }
             }
         };
@@ -194,7 +197,7 @@ async fn follow(prepared: &Prepared, channel: Channel, emitter: &mut Emitter<'_>
             return poll(prepared, channel, emitter).await;
         }
         Ok(Err(status)) => {
-            let status = local_timeout_is_deadline(status);
+            let status = local_timeout_is_deadline(status, prepared.rpc_timeout);
             emitter.emit(Err(prepared.rpc_error(address, status)));
             return Ended::Failed;
         }
@@ -206,9 +209,7 @@ async fn follow(prepared: &Prepared, channel: Channel, emitter: &mut Emitter<'_>
     };
     let mut answer = first;
     loop {
-        emitter.emit(Ok(
-            ServingStatus::try_from(answer.status).unwrap_or(ServingStatus::Unknown)
-        ));
+        emitter.emit(Ok(serving_status(answer.status)));
         answer = match stream.message().await {
             Ok(Some(next)) => next,
             // Ended or broke: what the next connection finds is the news.
@@ -245,11 +246,11 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_its_cap_and_resets() {
-        let mut b = Backoff::new();
+        let mut b = Retries::default();
         let waits: Vec<u64> = (0..8).map(|_| b.next().as_secs()).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
         b.reset();
-        assert_eq!(b.next(), FIRST_RETRY);
+        assert_eq!(b.next(), Duration::from_secs(1));
     }
 
     #[test]

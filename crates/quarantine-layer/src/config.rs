@@ -3,16 +3,17 @@
 
 use std::time::Duration;
 
-use endpoint_state::FailureCodes;
+use endpoint_state::{ConfigError, FailureCodes};
 use tonic::Code;
 
-use crate::error::InvalidConfig;
+/// The configuration's name in its errors (`invalid quarantine configuration: ...`).
+const CONFIG: &str = "quarantine";
 
 /// The longest duration any setting accepts (a year): far enough to mean "a long time",
 /// near enough that adding it to a clock reading can never overflow.
 pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
-/// How a [`QuarantineGroup`](crate::QuarantineGroup) quarantines its targets.
+/// How a quarantine group quarantines its targets.
 ///
 /// ```
 /// use std::time::Duration;
@@ -27,27 +28,57 @@ pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 ///
 /// let bad = QuarantineConfig::default().max_duration(Duration::from_secs(1));
 /// let err = QuarantineGroup::new(bad).unwrap_err();
-/// assert_eq!(err.to_string(), "invalid quarantine config: max_duration = 1s: must be at least duration (5s)");
+/// assert_eq!(
+///     err.to_string(),
+///     "invalid quarantine configuration: max_duration = 1s: expected at least duration (5s)"
+/// );
+/// ```
+///
+/// # In a configuration file
+///
+/// With the feature `serde`, the configuration reads from any serde format. Every field is
+/// optional (an unset one keeps its default, so does each unset field of
+/// `outlier_ejection`), unknown fields are refused, durations are written as humans write them
+/// (`"500ms"`, `"5s"`) and codes by their gRPC names. The values are checked when the group
+/// is built, as those set in code are.
+///
+/// ```toml
+/// duration = "2s"
+/// max_duration = "30s"
+/// decay_after = "1m"
+/// failure_codes = ["UNAVAILABLE", "DEADLINE_EXCEEDED"]
+///
+/// [outlier_ejection]            # present: the policy is on
+/// interval = "10s"
+/// failure_percentage_threshold = 85
+/// minimum_hosts = 3
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
 pub struct QuarantineConfig {
     /// How long a first quarantine lasts. Default 5 s. Must be more than zero.
     ///
     /// The `n`-th quarantine in a row lasts `duration × n`, capped at
     /// [`max_duration`](Self::max_duration).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub duration: Duration,
     /// The longest a repeated quarantine lasts. Default 60 s. At least
     /// [`duration`](Self::duration).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub max_duration: Duration,
     /// How long a target must stay out of quarantine for its repeat count to drop by one.
     /// Default 30 s. Must be more than zero.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub decay_after: Duration,
     /// The codes whose arrival quarantines the target that answered. Default
     /// [`FailureCodes::quarantine_default`]: `UNAVAILABLE` and `DEADLINE_EXCEEDED` (a refused
     /// connection and other transport errors count as `UNAVAILABLE`, a local timeout as
-    /// `DEADLINE_EXCEEDED`). May be empty: then only
-    /// [`report_failure`](crate::QuarantineGroup::report_failure) and outlier ejection
-    /// quarantine. Must not contain `OK`.
+    /// `DEADLINE_EXCEEDED`). May be empty: then only the group's `report_failure` and outlier
+    /// ejection quarantine. Must not contain `OK`.
     pub failure_codes: FailureCodes,
     /// The optional outlier-ejection policy. Default `None` (off).
     pub outlier_ejection: Option<OutlierEjection>,
@@ -109,15 +140,16 @@ impl QuarantineConfig {
             .map_or(self.max_duration, |d| d.min(self.max_duration))
     }
 
-    /// Checks every field; the error names the first bad field and its value.
-    pub fn validate(&self) -> Result<(), InvalidConfig> {
+    /// Checks every field; the error names the first bad field (as a path:
+    /// `outlier_ejection.interval`) and its value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         positive("duration", self.duration)?;
         positive("max_duration", self.max_duration)?;
         if self.max_duration < self.duration {
-            return Err(InvalidConfig::new(
+            return Err(refused(
                 "max_duration",
                 self.max_duration,
-                format!("must be at least duration ({:?})", self.duration),
+                format!("at least duration ({:?})", self.duration),
             ));
         }
         positive("decay_after", self.decay_after)?;
@@ -129,22 +161,31 @@ impl QuarantineConfig {
     }
 }
 
-fn positive(field: &'static str, value: Duration) -> Result<(), InvalidConfig> {
+/// `field` refused: its value as `{:?}` writes it (`1s`, `{"OK"}`), and what was expected.
+fn refused(
+    field: &'static str,
+    value: impl std::fmt::Debug,
+    expected: impl Into<std::borrow::Cow<'static, str>>,
+) -> ConfigError {
+    ConfigError::new(CONFIG, field, format_args!("{value:?}"), expected)
+}
+
+fn positive(field: &'static str, value: Duration) -> Result<(), ConfigError> {
     if value.is_zero() {
-        return Err(InvalidConfig::new(field, value, "must be more than zero"));
+        return Err(refused(field, value, "more than zero"));
     }
     if value > MAX_SETTING {
-        return Err(InvalidConfig::new(field, value, "must be at most a year"));
+        return Err(refused(field, value, "at most a year"));
     }
     Ok(())
 }
 
-fn no_ok(field: &'static str, codes: FailureCodes) -> Result<(), InvalidConfig> {
+fn no_ok(field: &'static str, codes: FailureCodes) -> Result<(), ConfigError> {
     if codes.contains(Code::Ok) {
-        return Err(InvalidConfig::new(
+        return Err(refused(
             field,
             codes,
-            "must not contain OK (a success cannot be a failure)",
+            "a set without OK (a success cannot be a failure)",
         ));
     }
     Ok(())
@@ -187,6 +228,9 @@ fn no_ok(field: &'static str, codes: FailureCodes) -> Result<(), InvalidConfig> 
 /// outcome arrives at least `interval` after it (so with no traffic nothing is evaluated, and
 /// nothing needs to be). The outcome that triggers an evaluation counts towards the next one.
 ///
+/// In a configuration file (feature `serde`), every field is optional and keeps its default
+/// when unset.
+///
 /// ```
 /// use quarantine_layer::OutlierEjection;
 /// let policy = OutlierEjection::default();
@@ -195,8 +239,14 @@ fn no_ok(field: &'static str, codes: FailureCodes) -> Result<(), InvalidConfig> 
 /// assert_eq!([2, 3, 5, 10].map(|n| half.max_ejected(n)), [1, 2, 3, 5]);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
 pub struct OutlierEjection {
     /// How often the counts are judged. Default 10 s. More than zero.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub interval: Duration,
     /// A target is an outlier when more than this percentage of its calls failed. Default 85.
     /// From 0 to 100 (100 never ejects).
@@ -284,42 +334,43 @@ impl OutlierEjection {
         (hosts * pct).div_ceil(100).min(hosts - 1)
     }
 
-    /// Checks every field; the error names the first bad field and its value.
-    pub fn validate(&self) -> Result<(), InvalidConfig> {
+    /// Checks every field; the error names the first bad field (under `outlier_ejection.`)
+    /// and its value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         positive("outlier_ejection.interval", self.interval)?;
         if self.failure_percentage_threshold > 100 {
-            return Err(InvalidConfig::new(
+            return Err(refused(
                 "outlier_ejection.failure_percentage_threshold",
                 self.failure_percentage_threshold,
-                "must be between 0 and 100",
+                "between 0 and 100",
             ));
         }
         if self.request_volume == 0 {
-            return Err(InvalidConfig::new(
+            return Err(refused(
                 "outlier_ejection.request_volume",
                 self.request_volume,
-                "must be at least 1",
+                "at least 1",
             ));
         }
         if self.minimum_hosts == 0 {
-            return Err(InvalidConfig::new(
+            return Err(refused(
                 "outlier_ejection.minimum_hosts",
                 self.minimum_hosts,
-                "must be at least 1",
+                "at least 1",
             ));
         }
         if !(1..=100).contains(&self.max_ejection_percent) {
-            return Err(InvalidConfig::new(
+            return Err(refused(
                 "outlier_ejection.max_ejection_percent",
                 self.max_ejection_percent,
-                "must be between 1 and 100 (turn the policy off with None)",
+                "between 1 and 100 (turn the policy off with None)",
             ));
         }
         if self.failure_codes == FailureCodes::NONE {
-            return Err(InvalidConfig::new(
+            return Err(refused(
                 "outlier_ejection.failure_codes",
                 self.failure_codes,
-                "must not be empty",
+                "a set of at least one code",
             ));
         }
         no_ok("outlier_ejection.failure_codes", self.failure_codes)

@@ -2,58 +2,20 @@
 //!
 //! The layer never fails a call of its own: a quarantined endpoint is `Pending` in `poll_ready`
 //! (a transient condition), and a call's own error passes through untouched (boxed). What can
-//! fail is building a group from a bad configuration ([`InvalidConfig`]) and naming a target the
-//! group does not hold ([`UnknownTarget`]).
+//! fail is building a group from a bad configuration ([`ConfigError`], the kit's one
+//! configuration error, with `config() == "quarantine"`: nothing was started) and naming a
+//! target the group does not hold ([`UnknownTarget`]).
 
 use std::fmt;
 use std::sync::Arc;
 
-/// A configuration value was refused when the group was built. Nothing was started.
-///
-/// Displays as `invalid quarantine config: max_duration = 1s: must be at least duration (5s)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidConfig {
-    field: &'static str,
-    value: String,
-    rule: String,
-}
+#[doc(no_inline)]
+pub use endpoint_state::ConfigError;
 
-impl InvalidConfig {
-    pub(crate) fn new(
-        field: &'static str,
-        value: impl fmt::Debug,
-        rule: impl Into<String>,
-    ) -> Self {
-        InvalidConfig {
-            field,
-            value: format!("{value:?}"),
-            rule: rule.into(),
-        }
-    }
-
-    /// The field, as a path from [`QuarantineConfig`](crate::QuarantineConfig)
-    /// (`outlier_ejection.max_ejection_percent`).
-    pub fn field(&self) -> &str {
-        self.field
-    }
-
-    /// The refused value, as written with `{:?}`.
-    pub fn value(&self) -> &str {
-        &self.value
-    }
-}
-
-impl fmt::Display for InvalidConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid quarantine config: {} = {}: {}",
-            self.field, self.value, self.rule
-        )
-    }
-}
-
-impl std::error::Error for InvalidConfig {}
+/// The former name of [`ConfigError`] (a configuration value refused when the group was
+/// built); the same type.
+#[deprecated(note = "the kit has one configuration error: use `ConfigError`")]
+pub type InvalidConfig = ConfigError;
 
 /// A target named in a call to the group is not one of its members.
 ///

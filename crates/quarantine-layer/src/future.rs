@@ -1,4 +1,4 @@
-//! The response future and body of [`Quarantine`](crate::Quarantine).
+//! The response future and body of the `Quarantine` service.
 //!
 //! Both are the core crate's classifying wrappers ([`endpoint_state::ResponseFuture`],
 //! [`endpoint_state::ClassifiedBody`]) with this layer's listener, [`RecordOutcome`]: the
@@ -14,10 +14,10 @@ use tokio::time::Instant;
 
 use crate::group::Binding;
 
-/// The future returned by [`Quarantine`](crate::Quarantine)'s `call`.
+/// The future returned by the `Quarantine` service's `call`.
 pub type ResponseFuture<F> = endpoint_state::ResponseFuture<F, RecordOutcome>;
 
-/// The response body of [`Quarantine`](crate::Quarantine): the inner body, classified at its
+/// The response body of the `Quarantine` service: the inner body, classified at its
 /// end.
 pub type ResponseBody<B> = endpoint_state::ClassifiedBody<B, RecordOutcome>;
 

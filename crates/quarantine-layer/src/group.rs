@@ -2,18 +2,19 @@
 //! and the one place that writes the quarantine line of a card.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use endpoint_state::{EndpointCard, Outcome, Peers, Reason};
+use endpoint_state::sync::lock;
+use endpoint_state::{CardEvent, ConfigError, EndpointCard, Outcome, Peers, Reason};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::config::{MAX_SETTING, QuarantineConfig};
-use crate::error::{InvalidConfig, UnknownTarget};
-use crate::layer::QuarantineLayer;
-use crate::outlier::OutlierClock;
+use crate::error::UnknownTarget;
+use crate::member::{Cause, Member, Members};
+use crate::outlier::{self, OutlierClock};
 
 /// The peers among which quarantine narrows the choice: one [`EndpointCard`] per endpoint of
 /// one logical service, and the policy that quarantines them.
@@ -55,79 +56,6 @@ pub(crate) struct GroupInner {
     pub(crate) outlier: Option<OutlierClock>,
 }
 
-/// A snapshot of the members; replaced whole on every change.
-pub(crate) struct Members {
-    /// Increases with every change of membership.
-    pub(crate) version: u64,
-    pub(crate) list: Vec<Arc<Member>>,
-}
-
-/// One member: its card, its repeat count and its outlier counters.
-pub(crate) struct Member {
-    pub(crate) card: EndpointCard,
-    strikes: Mutex<Strikes>,
-    /// Calls in the current outlier interval that did not fail (by the policy's codes).
-    pub(crate) successes: AtomicU64,
-    /// Calls in the current outlier interval that failed (by the policy's codes).
-    pub(crate) failures: AtomicU64,
-}
-
-/// How many quarantines in a row a target has had, and when the last one ended (or ends).
-#[derive(Debug, Default)]
-struct Strikes {
-    count: u32,
-    last_end: Option<Instant>,
-}
-
-impl Strikes {
-    /// The count after the decay earned since the last quarantine ended: one per full
-    /// `period` out of quarantine.
-    fn decayed(&self, now: Instant, period: Duration) -> u32 {
-        match self.last_end {
-            Some(end) if now > end => {
-                let periods = (now - end).as_nanos() / period.as_nanos().max(1);
-                self.count
-                    .saturating_sub(u32::try_from(periods).unwrap_or(u32::MAX))
-            }
-            _ => self.count,
-        }
-    }
-}
-
-/// What started a quarantine, for the logs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Cause {
-    Call,
-    Reported,
-    Outlier,
-}
-
-impl fmt::Display for Cause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Cause::Call => "failed call",
-            Cause::Reported => "reported failure",
-            Cause::Outlier => "outlier ejection",
-        })
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves its data whole; a panic elsewhere does not spoil it.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Member {
-    fn new(card: EndpointCard) -> Self {
-        Member {
-            card,
-            strikes: Mutex::default(),
-            successes: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-        }
-    }
-}
-
 impl fmt::Debug for QuarantineGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let members = self.inner.members.load();
@@ -156,7 +84,7 @@ impl Default for QuarantineGroup {
 impl QuarantineGroup {
     /// An empty group, after checking `config`. Nothing is started: the group has no task.
     /// The group has a [`Peers`] set of its own; see [`with_peers`](Self::with_peers).
-    pub fn new(config: QuarantineConfig) -> Result<Self, InvalidConfig> {
+    pub fn new(config: QuarantineConfig) -> Result<Self, ConfigError> {
         Self::with_peers(config, Peers::new())
     }
 
@@ -165,7 +93,7 @@ impl QuarantineGroup {
     /// but never empty it. Share one set between the group and the breakers of the same
     /// endpoints so that, when every endpoint that health says serves is quarantined or has
     /// its breaker open, calls still go through.
-    pub fn with_peers(config: QuarantineConfig, peers: Peers) -> Result<Self, InvalidConfig> {
+    pub fn with_peers(config: QuarantineConfig, peers: Peers) -> Result<Self, ConfigError> {
         config.validate()?;
         let outlier = config.outlier_ejection.clone().map(OutlierClock::new);
         Ok(QuarantineGroup {
@@ -190,6 +118,37 @@ impl QuarantineGroup {
     /// The peer set the members' cards belong to.
     pub fn peers(&self) -> &Peers {
         &self.inner.peers
+    }
+
+    /// Every change of the members' cards from now on: one [`CardEvent`] per effective write
+    /// of any line of any member's card — a quarantine starting, renewed or lifted
+    /// (`event.line == LineKind::Quarantine`), and as well the health and breaker lines of the
+    /// same cards. It is the group's peer set's stream ([`Peers::subscribe`]): a set shared
+    /// with other layers ([`with_peers`](Self::with_peers)) carries their members' changes too.
+    /// A quarantine that ends with time is no write, so no event: its event's `to` says until
+    /// when it holds.
+    ///
+    /// Bounded, and it never slows a writer: a subscriber that falls behind loses the oldest
+    /// events and is told how many (`RecvError::Lagged`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use endpoint_state::{EndpointCard, LineKind};
+    /// use quarantine_layer::QuarantineGroup;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let group = QuarantineGroup::default();
+    /// group.add(EndpointCard::new("b1"));
+    /// let mut events = group.subscribe();
+    /// group.report_failure_with_reason("b1", Some(Duration::from_secs(5)), "health probe: refused").unwrap();
+    /// let event = events.recv().await.unwrap();
+    /// assert_eq!(event.line, LineKind::Quarantine);
+    /// assert!(event.is_transition());
+    /// assert_eq!(event.to_string(), "b1: not quarantined -> quarantined (health probe: refused)");
+    /// # }
+    /// ```
+    pub fn subscribe(&self) -> broadcast::Receiver<CardEvent> {
+        self.inner.peers.subscribe()
     }
 
     /// Adds an endpoint's card. A card already in the group is left as it is (`false`); a
@@ -243,12 +202,6 @@ impl QuarantineGroup {
         self.len() == 0
     }
 
-    /// The layer for one endpoint's stack, adding `card` to the group if it is not a member.
-    /// Same as [`QuarantineLayer::new`].
-    pub fn layer(&self, card: EndpointCard) -> QuarantineLayer {
-        QuarantineLayer::new(self, card)
-    }
-
     /// Quarantines `target` from outside the call path: for `duration`, or for the configured
     /// time of its next repeat (`duration × count`, capped) when `None`. Returns when the
     /// quarantine ends.
@@ -295,9 +248,9 @@ impl QuarantineGroup {
         let now = Instant::now();
         let mut strikes = lock(&member.strikes);
         let was = member.card.quarantine_state().active_at(now);
-        if member.card.clear_quarantine().is_some() {
+        if let Some(event) = member.card.clear_quarantine() {
             strikes.last_end = Some(strikes.last_end.map_or(now, |end| end.min(now)));
-            tracing::info!(target = %member.card.target(), "quarantine lifted by the operator");
+            tracing::info!(target = %event.target, "quarantine lifted by the operator");
         }
         Ok(was)
     }
@@ -390,10 +343,6 @@ impl GroupInner {
         (member, true)
     }
 
-    pub(crate) fn members(&self) -> arc_swap::Guard<Arc<Members>> {
-        self.members.load()
-    }
-
     /// Quarantines (or renews the quarantine of) `member`: for `fixed`, or for the configured
     /// time of its repeat count. Returns the quarantine's end.
     ///
@@ -418,15 +367,16 @@ impl GroupInner {
                 if renewed <= until || renewed - until < duration / 20 {
                     return until;
                 }
-                card.quarantine_until(renewed, Some(reason.clone()));
                 strikes.last_end = Some(renewed);
-                tracing::debug!(
-                    target = %card.target(),
-                    %cause,
-                    %reason,
-                    until_in = ?duration,
-                    "quarantine renewed"
-                );
+                if let Some(event) = card.quarantine_until(renewed, Some(reason)) {
+                    tracing::debug!(
+                        target = %event.target,
+                        %cause,
+                        reason = event.reason.as_deref(),
+                        until_in = ?duration,
+                        "quarantine renewed"
+                    );
+                }
                 renewed
             }
             None => {
@@ -436,16 +386,17 @@ impl GroupInner {
                 strikes.count = count;
                 let duration = fixed.unwrap_or_else(|| self.config.duration_for(count));
                 let until = now + duration;
-                card.quarantine_until(until, Some(reason.clone()));
                 strikes.last_end = Some(until);
-                tracing::info!(
-                    target = %card.target(),
-                    %cause,
-                    %reason,
-                    duration = ?duration,
-                    repeat = count,
-                    "quarantined"
-                );
+                if let Some(event) = card.quarantine_until(until, Some(reason)) {
+                    tracing::info!(
+                        target = %event.target,
+                        %cause,
+                        reason = event.reason.as_deref(),
+                        duration = ?duration,
+                        repeat = count,
+                        "quarantined"
+                    );
+                }
                 until
             }
         }
@@ -459,13 +410,23 @@ impl GroupInner {
         if member.card.quarantine_state().until != Some(seen_until) {
             return;
         }
-        if member.card.clear_quarantine().is_some() {
+        if let Some(event) = member.card.clear_quarantine() {
             strikes.last_end = Some(seen_until.min(now));
             tracing::info!(
-                target = %member.card.target(),
+                target = %event.target,
                 "quarantine lifted: a call admitted while it was ignored succeeded"
             );
         }
+    }
+}
+
+impl outlier::Group for GroupInner {
+    fn members(&self) -> arc_swap::Guard<Arc<Members>> {
+        self.members.load()
+    }
+
+    fn eject(&self, member: &Member, reason: Reason) {
+        self.quarantine(member, None, reason, Cause::Outlier);
     }
 }
 
@@ -504,7 +465,7 @@ impl Binding {
             return;
         };
         if let Some(clock) = &self.group.outlier {
-            clock.record(&self.group, &self.member, status.code);
+            clock.record(&*self.group, &self.member, status.code);
         }
         if self.group.config.failure_codes.contains(status.code) {
             let mut reason = status.to_string();

@@ -34,6 +34,14 @@ impl QuarantineLayer {
     }
 }
 
+impl QuarantineGroup {
+    /// The layer for one endpoint's stack, adding `card` to the group if it is not a member.
+    /// Same as [`QuarantineLayer::new`].
+    pub fn layer(&self, card: EndpointCard) -> QuarantineLayer {
+        QuarantineLayer::new(self, card)
+    }
+}
+
 impl fmt::Debug for QuarantineLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QuarantineLayer")

@@ -37,6 +37,16 @@
 //! and Envoy) ejects targets whose calls mostly fail with codes that do not quarantine on
 //! their own (`INTERNAL`, `UNKNOWN`, ...); its small-cluster rule is stated on the type.
 //!
+//! # Events and configuration
+//!
+//! Every quarantine that starts, is renewed or is lifted is a write of a card's quarantine
+//! line, and so one [`CardEvent`](endpoint_state::CardEvent) — the one event type of every
+//! line of every card. [`QuarantineGroup::subscribe`] streams those of every member.
+//!
+//! [`QuarantineConfig`] is a plain struct checked when the group is built: an invalid one is
+//! a [`ConfigError`] naming the field and the value. With the feature `serde` it reads from
+//! a configuration file (see [`QuarantineConfig`]).
+//!
 //! # Example
 //!
 //! Two endpoints; the first answers `UNAVAILABLE` (a stand-in for a tonic `Channel`, so that
@@ -115,11 +125,16 @@ pub mod error;
 pub mod future;
 mod group;
 mod layer;
+mod member;
 mod outlier;
 mod service;
 
 pub use config::{MAX_SETTING, OutlierEjection, QuarantineConfig};
-pub use error::{InvalidConfig, UnknownTarget};
+#[doc(no_inline)]
+pub use endpoint_state::ConfigError;
+#[allow(deprecated)]
+pub use error::InvalidConfig;
+pub use error::UnknownTarget;
 pub use group::QuarantineGroup;
 pub use layer::QuarantineLayer;
 pub use service::Quarantine;

@@ -2,13 +2,22 @@
 
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 
+use endpoint_state::Reason;
 use tokio::time::Instant;
 use tonic::Code;
 
 use crate::config::OutlierEjection;
-use crate::group::{Cause, GroupInner, Member};
+use crate::member::{Member, Members};
+
+/// What an evaluation reads and acts on: the group's members, and a quarantine.
+pub(crate) trait Group {
+    /// The members now.
+    fn members(&self) -> arc_swap::Guard<Arc<Members>>;
+    /// Quarantines `member` as an outlier, for `reason`.
+    fn eject(&self, member: &Member, reason: Reason);
+}
 
 /// The policy and its clock: when the current interval ends, and who is evaluating.
 pub(crate) struct OutlierClock {
@@ -36,7 +45,7 @@ impl OutlierClock {
     }
 
     /// Counts one outcome of `member`'s, after judging the interval that ended, if one did.
-    pub(crate) fn record(&self, group: &GroupInner, member: &Member, code: Code) {
+    pub(crate) fn record(&self, group: &impl Group, member: &Member, code: Code) {
         let now = Instant::now();
         let since = nanos(now.saturating_duration_since(self.epoch));
         if since >= self.next.load(Ordering::Acquire) {
@@ -50,7 +59,7 @@ impl OutlierClock {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn evaluate_if_due(&self, group: &GroupInner, now: Instant, since: u64) {
+    fn evaluate_if_due(&self, group: &impl Group, now: Instant, since: u64) {
         let _evaluating = match self.evaluating.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -68,7 +77,7 @@ impl OutlierClock {
     }
 
     /// Judges the counts gathered since the last evaluation and resets them.
-    fn evaluate(&self, group: &GroupInner, now: Instant) {
+    fn evaluate(&self, group: &impl Group, now: Instant) {
         let policy = &self.policy;
         let members = group.members();
         let hosts = members.list.len();
@@ -131,7 +140,7 @@ impl OutlierClock {
                 "outlier ejection: {failures} of {total} calls failed (over {} %)",
                 policy.failure_percentage_threshold
             );
-            group.quarantine(member, None, reason.into(), Cause::Outlier);
+            group.eject(member, reason.into());
             out += 1;
         }
     }

@@ -4,15 +4,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use endpoint_state::classify::BoxError;
-use endpoint_state::{EndpointCard, HasCard, PassiveCheck, PassiveGate, PassiveOpened};
+use endpoint_state::{BoxError, EndpointCard, HasCard, PassiveCheck, PassiveGate, PassiveOpened};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::future::{RecordOutcome, ResponseBody, ResponseFuture};
 use crate::group::{Binding, QuarantineGroup};
 
-/// One endpoint's service under quarantine (made by [`QuarantineLayer`](crate::QuarantineLayer)).
+/// One endpoint's service under quarantine (made by a `QuarantineLayer`, or [`Quarantine::new`]).
 ///
 /// `poll_ready` is `Pending` while the endpoint is quarantined and another member of its group
 /// is eligible, and wakes when the quarantine ends (one reused timer), when its card changes,

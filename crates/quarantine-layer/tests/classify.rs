@@ -1,13 +1,13 @@
 //! Which outcomes quarantine, and for how long: every place an outcome can be found (service
 //! error, trailers-only headers, trailers), on a paused clock.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{Scripted, call, call_through, endpoint, quarantined, request};
 use endpoint_state::{EndpointCard, FailureCodes};
 use quarantine_layer::{Quarantine, QuarantineConfig, QuarantineGroup};
+use support::{Scripted, call, call_through, endpoint, quarantined, request};
 use tokio::time::Instant;
 use tonic::Code;
 use tower::{ServiceBuilder, ServiceExt};

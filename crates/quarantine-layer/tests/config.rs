@@ -1,5 +1,6 @@
 //! Every invalid setting is refused when the group is built, with an error naming the field
-//! and the value.
+//! and the value. A configuration file (feature `serde`) reads into the same configuration,
+//! refusing unknown fields.
 
 use std::time::Duration;
 
@@ -38,19 +39,19 @@ fn each_bad_field_is_named_with_its_value() {
             QuarantineConfig::default().duration(Duration::ZERO),
             "duration",
             "0ns",
-            "must be more than zero",
+            "more than zero",
         ),
         (
             QuarantineConfig::default().max_duration(Duration::from_secs(1)),
             "max_duration",
             "1s",
-            "must be at least duration (5s)",
+            "at least duration (5s)",
         ),
         (
             QuarantineConfig::default().decay_after(Duration::ZERO),
             "decay_after",
             "0ns",
-            "must be more than zero",
+            "more than zero",
         ),
         (
             QuarantineConfig::default()
@@ -58,20 +59,20 @@ fn each_bad_field_is_named_with_its_value() {
                 .max_duration(Duration::from_secs(400 * 24 * 3600)),
             "duration",
             "34560000s",
-            "must be at most a year",
+            "at most a year",
         ),
         (
             QuarantineConfig::default()
                 .failure_codes(FailureCodes::quarantine_default().with(Code::Ok)),
             "failure_codes",
             "{\"OK\", \"DEADLINE_EXCEEDED\", \"UNAVAILABLE\"}",
-            "must not contain OK",
+            "a set without OK",
         ),
         (
             with_policy(OutlierEjection::default().interval(Duration::ZERO)),
             "outlier_ejection.interval",
             "0ns",
-            "must be more than zero",
+            "more than zero",
         ),
         (
             with_policy(OutlierEjection::default().failure_percentage_threshold(101)),
@@ -107,16 +108,89 @@ fn each_bad_field_is_named_with_its_value() {
             with_policy(OutlierEjection::default().failure_codes(FailureCodes::NONE)),
             "outlier_ejection.failure_codes",
             "{}",
-            "must not be empty",
+            "a set of at least one code",
         ),
     ];
     for (config, field, value, rule) in cases {
         let (f, v, text) = refused(config);
         assert_eq!((f.as_str(), v.as_str()), (field, value), "{text}");
         assert!(
-            text.starts_with(&format!("invalid quarantine config: {field} = {value}: ")),
+            text.starts_with(&format!(
+                "invalid quarantine configuration: {field} = {value}: expected "
+            )),
             "{text}"
         );
         assert!(text.contains(rule), "{text}");
     }
+}
+
+fn from_toml(document: &str) -> Result<QuarantineConfig, toml::de::Error> {
+    toml::from_str(document)
+}
+
+#[test]
+fn a_configuration_file_reads_into_the_config() {
+    let config = from_toml(
+        r#"
+        duration = "2s"
+        max_duration = "30s"
+        decay_after = "1m"
+        failure_codes = ["UNAVAILABLE", "deadline_exceeded", "8"]
+
+        [outlier_ejection]
+        interval = "500ms"
+        minimum_hosts = 3
+        failure_codes = ["INTERNAL"]
+        "#,
+    )
+    .unwrap();
+    assert_eq!(
+        config,
+        QuarantineConfig::default()
+            .duration(Duration::from_secs(2))
+            .max_duration(Duration::from_secs(30))
+            .decay_after(Duration::from_secs(60))
+            .failure_codes(FailureCodes::from_codes([
+                Code::Unavailable,
+                Code::DeadlineExceeded,
+                Code::ResourceExhausted,
+            ]))
+            .outlier_ejection(Some(
+                OutlierEjection::default()
+                    .interval(Duration::from_millis(500))
+                    .minimum_hosts(3)
+                    .failure_codes(FailureCodes::from_codes([Code::Internal])),
+            ))
+    );
+    assert!(QuarantineGroup::new(config).is_ok());
+
+    // An empty document is the default configuration (no outlier ejection); an empty
+    // `[outlier_ejection]` table turns the policy on with its defaults.
+    assert_eq!(from_toml("").unwrap(), QuarantineConfig::default());
+    assert_eq!(
+        from_toml("[outlier_ejection]").unwrap().outlier_ejection,
+        Some(OutlierEjection::default())
+    );
+    // Values are checked when the group is built, as those set in code are.
+    let bad = from_toml("max_duration = \"1s\"").unwrap();
+    let err = QuarantineGroup::new(bad).unwrap_err();
+    assert_eq!((err.field(), err.value()), ("max_duration", "1s"));
+}
+
+#[test]
+fn a_configuration_file_with_an_unknown_field_is_refused() {
+    for (document, unknown) in [
+        ("durations = \"2s\"", "durations"),
+        ("[outlier_ejection]\nmax_ejection = 20", "max_ejection"),
+    ] {
+        let err = from_toml(document).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("unknown field `{unknown}`")),
+            "{document}: {err}"
+        );
+    }
+    // Nor is a code it does not know, nor a duration it cannot read.
+    let err = from_toml("failure_codes = [\"UNAVAILABLE\", \"UNAVALABLE\"]").unwrap_err();
+    assert!(err.to_string().contains("a gRPC status code"), "{err}");
+    assert!(from_toml("duration = \"5 parsecs\"").is_err());
 }

@@ -1,16 +1,16 @@
 //! Quarantine narrows the choice and never empties it: the rule reads the whole card of every
 //! peer, and a quarantined endpoint waiting its turn is woken the moment the rule flips.
 
-mod common;
+mod support;
 
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{HealthGate, Scripted, call, call_through, endpoint, quarantined};
 use endpoint_state::{BreakerState, EndpointCard, HealthVerdict};
 use quarantine_layer::{Quarantine, QuarantineGroup};
+use support::{HealthGate, Scripted, call, call_through, endpoint, finish, quarantined};
 use tokio::time::Instant;
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::balance::p2c::Balance;
@@ -56,7 +56,7 @@ type Stack = Constant<HealthGate<Quarantine<Scripted>>, u32>;
 struct Cluster {
     cards: Vec<EndpointCard>,
     backends: Vec<Scripted>,
-    balancer: Balance<ServiceList<Vec<Stack>>, common::Req>,
+    balancer: Balance<ServiceList<Vec<Stack>>, support::Req>,
 }
 
 fn cluster(group: &QuarantineGroup) -> Cluster {
@@ -307,12 +307,9 @@ async fn a_success_admitted_before_the_quarantine_does_not_lift_it() {
     let (a, mut sa, _) = endpoint(&group, "a");
     let (_b, _, _) = endpoint(&group, "b");
     assert_ready_ok!(sa.poll_ready());
-    let call = sa.call(common::request("ok"));
+    let call = sa.call(support::request("ok"));
     group.report_failure(a.target(), None).unwrap();
-    let response = call.await.unwrap();
-    http_body_util::BodyExt::collect(response.into_body())
-        .await
-        .unwrap();
+    finish(call).await.unwrap();
     assert!(quarantined(&a));
 }
 
@@ -324,13 +321,10 @@ async fn a_success_does_not_lift_a_quarantine_renewed_since_its_admission() {
     group.report_failure(a.target(), None).unwrap();
     group.report_failure(b.target(), None).unwrap();
     assert_ready_ok!(sa.poll_ready(), "ignored");
-    let call = sa.call(common::request("ok"));
+    let call = sa.call(support::request("ok"));
     tokio::time::advance(Duration::from_secs(2)).await;
     group.report_failure(a.target(), None).unwrap(); // fresher news
-    let response = call.await.unwrap();
-    http_body_util::BodyExt::collect(response.into_body())
-        .await
-        .unwrap();
+    finish(call).await.unwrap();
     assert!(quarantined(&a));
 }
 

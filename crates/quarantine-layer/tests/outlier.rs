@@ -1,13 +1,13 @@
 //! Outlier ejection by failure percentage: the small-cluster rule exactly as documented, the
 //! request-volume and minimum-hosts thresholds, the interval (paused clock).
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{Scripted, call, endpoint, quarantined};
 use endpoint_state::EndpointCard;
 use quarantine_layer::{OutlierEjection, QuarantineConfig, QuarantineGroup};
+use support::{Scripted, call, endpoint, quarantined};
 use tokio::time::Instant;
 use tower_test::mock::Spawn;
 
@@ -44,6 +44,15 @@ impl Cluster {
         }
     }
 
+    /// `(failed, ok)` calls on each host in turn (see [`traffic`](Self::traffic)), then the
+    /// end of a 10 s interval.
+    async fn interval(&mut self, traffic: &[(u64, u64)]) {
+        for (i, (failed, ok)) in traffic.iter().enumerate() {
+            self.traffic(i, *failed, *ok).await;
+        }
+        self.end_interval(Duration::from_secs(10)).await;
+    }
+
     /// Ends the interval: time passes, then one more outcome arrives (on the first host that
     /// is ready) and the interval is judged.
     async fn end_interval(&mut self, interval: Duration) {
@@ -51,7 +60,7 @@ impl Cluster {
         let i = (0..self.svcs.len())
             .find(|i| self.svcs[*i].poll_ready().is_ready())
             .expect("some host is ready");
-        common::call_through(self.svcs[i].get_mut(), "ok")
+        support::call_through(self.svcs[i].get_mut(), "ok")
             .await
             .unwrap();
     }
@@ -132,11 +141,8 @@ async fn an_outlier_is_quarantined_like_any_other_target() {
 #[tokio::test(start_paused = true)]
 async fn the_threshold_is_strict() {
     let mut cl = cluster(4, policy());
-    cl.traffic(0, 5, 5).await; // exactly 50 %: not over
-    cl.traffic(1, 6, 4).await; // 60 %: over
-    cl.traffic(2, 0, 10).await;
-    cl.traffic(3, 0, 10).await;
-    cl.end_interval(Duration::from_secs(10)).await;
+    // Exactly 50 % failed: not over; 60 %: over.
+    cl.interval(&[(5, 5), (6, 4), (0, 10), (0, 10)]).await;
     assert!(!quarantined(&cl.cards[0]));
     assert!(quarantined(&cl.cards[1]));
 }
@@ -144,11 +150,8 @@ async fn the_threshold_is_strict() {
 #[tokio::test(start_paused = true)]
 async fn a_host_below_the_request_volume_is_not_judged() {
     let mut cl = cluster(4, policy());
-    cl.traffic(0, 9, 0).await; // every call failed, but only 9 of them
-    cl.traffic(1, 10, 0).await;
-    cl.traffic(2, 0, 10).await;
-    cl.traffic(3, 0, 10).await;
-    cl.end_interval(Duration::from_secs(10)).await;
+    // Every call of h0 failed, but only 9 of them.
+    cl.interval(&[(9, 0), (10, 0), (0, 10), (0, 10)]).await;
     assert!(!quarantined(&cl.cards[0]));
     assert!(quarantined(&cl.cards[1]));
 }
@@ -156,11 +159,7 @@ async fn a_host_below_the_request_volume_is_not_judged() {
 #[tokio::test(start_paused = true)]
 async fn too_few_hosts_with_volume_and_nothing_is_judged() {
     let mut cl = cluster(4, policy()); // minimum_hosts 3
-    cl.traffic(0, 10, 0).await;
-    cl.traffic(1, 0, 10).await;
-    cl.traffic(2, 0, 9).await;
-    cl.traffic(3, 0, 9).await;
-    cl.end_interval(Duration::from_secs(10)).await;
+    cl.interval(&[(10, 0), (0, 10), (0, 9), (0, 9)]).await;
     assert_eq!(cl.ejected(), 0, "only two hosts carried the volume");
 }
 
@@ -181,10 +180,7 @@ async fn judged_once_per_interval_on_that_interval_s_counts() {
     // The counts were reset: the next interval judges only its own calls.
     tokio::time::advance(Duration::from_secs(5)).await;
     assert!(!quarantined(&cl.cards[0]));
-    cl.traffic(0, 0, 10).await;
-    cl.traffic(1, 0, 10).await;
-    cl.traffic(2, 0, 10).await;
-    cl.end_interval(Duration::from_secs(10)).await;
+    cl.interval(&[(0, 10), (0, 10), (0, 10)]).await;
     assert_eq!(cl.ejected(), 0);
 }
 

@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use endpoint_state::EndpointCard;
 use quarantine_layer::{Quarantine, QuarantineConfig, QuarantineGroup};
-use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
+use test_backends::{Backends, fixture};
 use tokio::time::Instant;
 use tonic::Code;
-use tonic::transport::Endpoint;
 use tower::balance::p2c::Balance;
 use tower::buffer::Buffer;
 use tower::discover::ServiceList;
@@ -27,11 +26,7 @@ async fn a_stopped_backend_costs_one_failed_call_then_none_until_its_quarantine_
     let mut cards = Vec::new();
     let mut stacks = Vec::new();
     for b in &backends {
-        let channel = Endpoint::from_shared(b.uri())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = fixture::connect(b).await;
         let card = EndpointCard::new(b.name());
         stacks.push(Constant::new(
             Quarantine::new(channel, &group, card.clone()),

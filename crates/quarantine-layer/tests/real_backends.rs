@@ -6,11 +6,12 @@ use std::time::Duration;
 use endpoint_state::EndpointCard;
 use quarantine_layer::{Quarantine, QuarantineGroup};
 use test_backends::Backend;
+use test_backends::fixture::{self, LocalTimeout};
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, StreamPing};
 use tokio::time::Instant;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 type Client = TestServiceClient<Quarantine<Channel>>;
 
@@ -39,9 +40,7 @@ fn assert_quarantined_about_5s(card: &EndpointCard) {
 
 #[tokio::test]
 async fn a_refused_connection_quarantines() {
-    let b = Backend::start("b0").await.unwrap();
-    let channel = Endpoint::from_shared(b.uri()).unwrap().connect_lazy();
-    b.stop().await;
+    let (b, channel) = fixture::refused("b0").await.unwrap();
     let (mut c, card, _group) = client(&b, channel);
     let err = c.unary(Ping::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
@@ -55,21 +54,10 @@ async fn a_refused_connection_quarantines() {
 
 #[tokio::test]
 async fn a_local_timeout_quarantines() {
-    let b = Backend::start("b0").await.unwrap();
-    b.set_delay(Duration::from_secs(5));
-    let channel = Endpoint::from_shared(b.uri())
-        .unwrap()
-        .timeout(Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let (mut c, card, _group) = client(&b, channel);
+    let slow = LocalTimeout::start("b0").await.unwrap();
+    let (mut c, card, _group) = client(&slow.backend, slow.channel.clone());
     let err = c.unary(Ping::default()).await.unwrap_err();
-    assert_eq!(
-        err.code(),
-        Code::Cancelled,
-        "tonic's own word for its timeout"
-    );
+    LocalTimeout::assert_cancelled(&err);
     assert_quarantined_about_5s(&card);
     let why = card.eligibility().unwrap_err().to_string();
     assert!(why.contains("after DEADLINE_EXCEEDED"), "{why}");
@@ -78,11 +66,7 @@ async fn a_local_timeout_quarantines() {
 #[tokio::test]
 async fn unavailable_in_the_trailers_of_a_stream_quarantines() {
     let b = Backend::start("b0").await.unwrap();
-    let channel = Endpoint::from_shared(b.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = fixture::connect(&b).await;
     let (mut c, card, _group) = client(&b, channel);
     b.fail_next(1, Code::Unavailable);
     let mut stream = c
@@ -100,11 +84,7 @@ async fn unavailable_in_the_trailers_of_a_stream_quarantines() {
 #[tokio::test]
 async fn client_errors_and_internal_do_not_quarantine() {
     let b = Backend::start("b0").await.unwrap();
-    let channel = Endpoint::from_shared(b.uri())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = fixture::connect(&b).await;
     let (mut c, card, _group) = client(&b, channel);
     for code in [
         Code::InvalidArgument,

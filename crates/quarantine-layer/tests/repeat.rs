@@ -1,13 +1,13 @@
 //! Repeat offenders: the n-th quarantine in a row lasts `duration × n`, capped, and the count
 //! decays while the target stays out of quarantine (paused clock).
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{call, endpoint, quarantined};
 use endpoint_state::EndpointCard;
 use quarantine_layer::{QuarantineConfig, QuarantineGroup};
+use support::{call, endpoint, quarantined};
 use tokio::time::Instant;
 
 fn group(config: QuarantineConfig) -> QuarantineGroup {
@@ -86,7 +86,7 @@ async fn a_burst_of_failures_is_one_quarantine() {
     let mut calls = Vec::new();
     for _ in 0..10 {
         tokio_test::assert_ready_ok!(svc.poll_ready());
-        calls.push(svc.call(common::request("code:14")));
+        calls.push(svc.call(support::request("code:14")));
     }
     let version = card.version();
     for c in calls {

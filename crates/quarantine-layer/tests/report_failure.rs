@@ -1,11 +1,11 @@
 //! `report_failure`: the same quarantine from outside the call path (paused clock).
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{endpoint, quarantined};
 use quarantine_layer::QuarantineGroup;
+use support::{endpoint, quarantined};
 use tokio::time::Instant;
 use tokio_test::{assert_pending, assert_ready_ok};
 

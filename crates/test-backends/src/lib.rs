@@ -13,6 +13,11 @@
 //! A [`PingGuard`] in front of any backend enforces a gRPC server's ping policy (GOAWAY
 //! `ENHANCE_YOUR_CALM` `too_many_pings`) and records every client PING.
 //!
+//! What the crates' tests and benchmarks share lives here once: [`fixture`] (channels to a
+//! backend, a refused connection, a local timeout), [`synthetic`] (in-process replies and a
+//! channel that answers at once) and [`bench`](mod@bench) (runtime, backends, concurrent
+//! callers).
+//!
 //! ```
 //! use std::time::Duration;
 //! use test_backends::Backends;
@@ -42,8 +47,10 @@
 //! ```
 
 mod backend;
+pub mod bench;
 mod black_hole;
 mod conn;
+pub mod fixture;
 pub mod pb;
 mod ping_guard;
 mod service;

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use endpoint_state::sync::lock;
 use futures_core::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
@@ -116,11 +117,6 @@ impl Counters {
         lock(&self.per_path).clear();
         *lock(&self.last_headers) = None;
     }
-}
-
-/// Short, never-across-await locks; a panic elsewhere must not poison the test double.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One serving generation's implementation of `TestService`.

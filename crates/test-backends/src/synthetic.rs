@@ -1,6 +1,21 @@
-//! In-process stand-ins for a tonic channel, for benchmarks that must measure a layer and not a
-//! socket: a reply body shaped as tonic's client reads one, and a service that answers every
-//! call with it at once.
+//! In-process stand-ins for a tonic channel, for tests and benchmarks that must exercise a layer
+//! and not a socket: a reply body shaped as tonic's client reads one ([`Reply`]), the two
+//! shapes of a gRPC server's answer ([`reply`], with the status in the trailers, and
+//! [`trailers_only`]), and a service that answers every call at once ([`Immediate`]).
+//!
+//! ```
+//! use test_backends::synthetic::{self, Reply};
+//! use tonic::Code;
+//!
+//! // One message, then `grpc-status: 14` and its message in the trailers.
+//! let failed = synthetic::reply(Code::Unavailable, Some("scripted"));
+//! // `grpc-status: 14` in the headers, no body.
+//! let refused = synthetic::trailers_only(Code::Unavailable, Some("scripted"));
+//! assert_eq!(refused.headers()["grpc-status"], "14");
+//! // A message, and then nothing ever again.
+//! let stuck = Reply::messages(1).hang();
+//! # let _ = (failed, stuck);
+//! ```
 
 use std::convert::Infallible;
 use std::fmt;
@@ -15,10 +30,13 @@ use tonic::Code;
 /// One encoded gRPC message (`"hello"` as a length-prefixed frame).
 const MESSAGE: &[u8] = b"\0\0\0\0\x05hello";
 
-/// A gRPC reply body as tonic's client reads it: `messages` data frames, then the trailers.
+/// A gRPC reply body as tonic's client reads it: `messages` data frames (each one encoded
+/// message), then the trailers if it has any, then the end — or, made to [`hang`](Self::hang),
+/// no end at all.
 pub struct Reply {
     messages: usize,
     trailers: Option<HeaderMap>,
+    hang: bool,
 }
 
 impl Reply {
@@ -27,7 +45,36 @@ impl Reply {
         Reply {
             messages,
             trailers: Some(trailers),
+            hang: false,
         }
+    }
+
+    /// No frame at all: the body of a trailers-only response.
+    pub fn empty() -> Self {
+        Reply::messages(0)
+    }
+
+    /// `messages` messages and no trailers: a body that ends without a status.
+    pub fn messages(messages: usize) -> Self {
+        Reply {
+            messages,
+            trailers: None,
+            hang: false,
+        }
+    }
+
+    /// This body without its end: after its frames it stays pending (and never wakes).
+    #[must_use]
+    pub fn hang(mut self) -> Self {
+        self.hang = true;
+        self
+    }
+}
+
+impl Default for Reply {
+    /// [`Reply::empty`].
+    fn default() -> Self {
+        Reply::empty()
     }
 }
 
@@ -36,6 +83,7 @@ impl fmt::Debug for Reply {
         f.debug_struct("Reply")
             .field("messages_left", &self.messages)
             .field("trailers", &self.trailers)
+            .field("hang", &self.hang)
             .finish()
     }
 }
@@ -52,7 +100,11 @@ impl Body for Reply {
             self.messages -= 1;
             return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(MESSAGE)))));
         }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+        match self.trailers.take() {
+            Some(t) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            None if self.hang => Poll::Pending,
+            None => Poll::Ready(None),
+        }
     }
 }
 
@@ -68,6 +120,25 @@ pub fn trailers(code: Code, message: Option<&str>) -> HeaderMap {
         );
     }
     h
+}
+
+/// A reply as a server sends a unary answer: one message, then `code` (and `message`) in the
+/// trailers. With a code other than `OK`, an error after a streamed message.
+pub fn reply(code: Code, message: Option<&str>) -> http::Response<Reply> {
+    http::Response::new(Reply::new(trailers(code, message), 1))
+}
+
+/// A trailers-only response, as a server sends most errors: `content-type: application/grpc`
+/// and `code` (and `message`) in the headers, and an empty body.
+pub fn trailers_only(code: Code, message: Option<&str>) -> http::Response<Reply> {
+    let mut response = http::Response::new(Reply::empty());
+    let headers = response.headers_mut();
+    *headers = trailers(code, message);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 /// A "channel" that answers every call at once with one message and the configured trailers

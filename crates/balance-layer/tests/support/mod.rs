@@ -10,12 +10,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use balance_layer::RequestDeadline;
+use balance_layer::error::BoxError;
 use endpoint_state::{EndpointCard, HasCard};
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tower::Service;
 use tower::discover::Change;
+use tower::{Service, ServiceExt};
 
 /// A request that may carry a deadline (as `grpc-timeout` would).
 #[derive(Debug, Default, Clone, Copy)]
@@ -131,7 +132,7 @@ where
 /// A discovery of `Counted` endpoints keyed by their names.
 pub fn list_counted(
     endpoints: &[Counted],
-) -> impl Stream<Item = Result<Change<String, Counted>, Infallible>> + Send + 'static {
+) -> impl Stream<Item = Result<Change<String, Counted>, Infallible>> + Send + use<> {
     let pairs: Vec<_> = endpoints
         .iter()
         .map(|e| (e.name.clone(), e.clone()))
@@ -176,4 +177,24 @@ pub async fn settle(mut done: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_micros(100));
     }
     panic!("the balancer did not settle");
+}
+
+/// One call: `ready`, then `call`.
+pub async fn call<S>(svc: &mut S, req: Req) -> Result<Arc<str>, BoxError>
+where
+    S: Service<Req, Response = Arc<str>, Error = BoxError>,
+{
+    svc.ready().await?.call(req).await
+}
+
+/// `n` sequential calls, each of which must succeed; the names of the endpoints that answered.
+pub async fn calls<S>(svc: &mut S, n: usize) -> Vec<Arc<str>>
+where
+    S: Service<Req, Response = Arc<str>, Error = BoxError>,
+{
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(call(svc, Req::default()).await.unwrap());
+    }
+    out
 }

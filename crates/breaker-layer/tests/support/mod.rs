@@ -1,10 +1,9 @@
-//! Test support: a scripted HTTP-level "channel" whose replies say how each call ends, a body
-//! that can carry trailers or hang, and helpers to drive a breaker.
+//! Test support: a scripted HTTP-level "channel" whose replies say how each call ends (its
+//! bodies are test-backends' synthetic replies), and helpers to drive a breaker.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use breaker_layer::{BoxError, Breaker, BreakerConfig, BreakerLayer};
-use bytes::Bytes;
-use endpoint_state::{BreakerState, EndpointCard};
-use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body::{Body, Frame};
+use breaker_layer::{BoxError, Breaker, BreakerConfig, BreakerLayer, BreakerOpen};
+use endpoint_state::{BreakerState, CardEvent, EndpointCard, LineState};
+use http::{Request, Response};
+use http_body::Body as _;
+use test_backends::synthetic::{self, Reply as Body};
 use tonic::Code;
 use tower::{Layer, Service, ServiceExt};
 
@@ -37,50 +36,6 @@ pub enum Reply {
     Hang,
     /// Headers and one message arrive, then the body never ends.
     HangBody,
-}
-
-/// A test response body: frames, then either the end or a hang.
-pub struct TestBody {
-    frames: VecDeque<Frame<Bytes>>,
-    hang: bool,
-}
-
-impl TestBody {
-    fn new(frames: Vec<Frame<Bytes>>, hang: bool) -> Self {
-        TestBody {
-            frames: frames.into(),
-            hang,
-        }
-    }
-}
-
-impl Body for TestBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.frames.pop_front() {
-            Some(f) => Poll::Ready(Some(Ok(f))),
-            None if self.hang => Poll::Pending,
-            None => Poll::Ready(None),
-        }
-    }
-}
-
-fn status_map(code: Code) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert("grpc-status", HeaderValue::from(code as i32));
-    if code != Code::Ok {
-        h.insert("grpc-message", HeaderValue::from_static("scripted"));
-    }
-    h
-}
-
-fn message() -> Frame<Bytes> {
-    Frame::data(Bytes::from_static(b"\0\0\0\0\x02hi"))
 }
 
 /// The scripted "channel": replies come from a shared queue (`Reply::Ok` once it is empty);
@@ -107,24 +62,14 @@ impl Script {
     }
 }
 
-type BoxFut = Pin<Box<dyn Future<Output = Result<Response<TestBody>, BoxError>> + Send>>;
+type BoxFut = Pin<Box<dyn Future<Output = Result<Response<Body>, BoxError>> + Send>>;
 
 fn reply(r: Reply) -> BoxFut {
     Box::pin(async move {
         match r {
-            Reply::Ok => Ok(Response::new(TestBody::new(
-                vec![message(), Frame::trailers(status_map(Code::Ok))],
-                false,
-            ))),
-            Reply::TrailersOnly(code) => {
-                let mut resp = Response::new(TestBody::new(vec![], false));
-                *resp.headers_mut() = status_map(code);
-                Ok(resp)
-            }
-            Reply::InTrailers(code) => Ok(Response::new(TestBody::new(
-                vec![message(), Frame::trailers(status_map(code))],
-                false,
-            ))),
+            Reply::Ok => Ok(synthetic::reply(Code::Ok, None)),
+            Reply::TrailersOnly(code) => Ok(synthetic::trailers_only(code, Some("scripted"))),
+            Reply::InTrailers(code) => Ok(synthetic::reply(code, Some("scripted"))),
             Reply::Transport => Err(Box::new(std::io::Error::new(
                 std::io::ErrorKind::ConnectionRefused,
                 "connection refused",
@@ -134,13 +79,13 @@ fn reply(r: Reply) -> BoxFut {
                 reply(*inner).await
             }
             Reply::Hang => std::future::pending().await,
-            Reply::HangBody => Ok(Response::new(TestBody::new(vec![message()], true))),
+            Reply::HangBody => Ok(Response::new(Body::messages(1).hang())),
         }
     })
 }
 
 impl Service<Request<()>> for Script {
-    type Response = Response<TestBody>;
+    type Response = Response<Body>;
     type Error = BoxError;
     type Future = BoxFut;
 
@@ -161,6 +106,23 @@ pub fn breaker(config: BreakerConfig) -> (Breaker<Script>, Script, EndpointCard)
     let script = Script::new();
     let layer = BreakerLayer::new(card.clone(), config).expect("valid config");
     (layer.layer(script.clone()), script, card)
+}
+
+/// The response of a breaker over a script.
+pub type Answer = <Breaker<Script> as Service<Request<()>>>::Response;
+
+/// One call up to its response (the body unread): ready, then call.
+pub async fn send(svc: &mut Breaker<Script>) -> Result<Answer, BoxError> {
+    svc.ready().await?.call(Request::new(())).await
+}
+
+/// One call that a fail-fast breaker refuses: its refusal.
+pub async fn refused(svc: &mut Breaker<Script>) -> Box<BreakerOpen> {
+    send(svc)
+        .await
+        .expect_err("the breaker refuses the call")
+        .downcast()
+        .expect("a BreakerOpen")
 }
 
 /// One whole call: ready, call, read the body to its end. `Err` carries the service error's
@@ -199,6 +161,23 @@ pub async fn run(svc: &mut Breaker<Script>, script: &Script, replies: &[Reply]) 
     for r in replies {
         script.push([r.clone()]);
         let _ = call(svc).await;
+    }
+}
+
+/// The reason on the card's breaker line (panics if there is none).
+pub fn reason(card: &EndpointCard) -> String {
+    card.breaker()
+        .reason
+        .as_deref()
+        .expect("a reason on the breaker line")
+        .to_owned()
+}
+
+/// The breaker states an event goes from and to (panics unless it is of the breaker line).
+pub fn states(event: &CardEvent) -> (BreakerState, BreakerState) {
+    match (event.from, event.to) {
+        (LineState::Breaker(from), LineState::Breaker(to)) => (from, to),
+        other => panic!("not a breaker event: {other:?}"),
     }
 }
 

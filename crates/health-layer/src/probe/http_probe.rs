@@ -11,8 +11,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{ProbeError, ProbeFailure, Secs, chain};
-use crate::error::ConfigError;
+use endpoint_state::ConfigError;
+use endpoint_state::error::error_chain as chain;
+use endpoint_state::time::Secs;
+
+use super::error::{ProbeError, ProbeFailure};
 
 /// What an HTTP probe's predicate sees.
 #[derive(Debug)]
@@ -36,6 +39,10 @@ type Predicate = Arc<dyn Fn(&HttpAnswer<'_>) -> Result<(), String> + Send + Sync
 /// target `http://10.0.0.7:8080` and path `/records/health-check` give
 /// `http://10.0.0.7:8080/records/health-check`. Only `http` is supported; use a
 /// [`CustomProbe`](super::CustomProbe) for anything the built-in probe does not do.
+///
+/// With the cargo feature `serde` it deserializes from its plain settings:
+/// `{ path = "/healthz", accept_status = [200, 404], require_json_key = "ok", max_body = 65536 }`
+/// (only `path` is required); a predicate is code.
 ///
 /// A service whose only cheap probe is a lookup of a record that does not exist, answering
 /// `404` with a JSON body such as `{"ok": true, "found": false}`:
@@ -111,27 +118,19 @@ impl HttpProbe {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !self.path.starts_with('/') || self.path.parse::<http::uri::PathAndQuery>().is_err() {
-            return Err(ConfigError::new(
-                "http_probe.path",
-                &self.path,
-                "a URI path starting with '/'",
-            ));
+            return Err(invalid("path", &self.path, "a URI path starting with '/'"));
         }
         if self.predicate.is_none()
             && (self.accept.is_empty() || self.accept.iter().any(|s| !(100..=599).contains(s)))
         {
-            return Err(ConfigError::new(
-                "http_probe.accept_status",
+            return Err(invalid(
+                "accept_status",
                 &self.accept,
                 "one or more HTTP status codes between 100 and 599",
             ));
         }
         if self.max_body == 0 {
-            return Err(ConfigError::new(
-                "http_probe.max_body",
-                self.max_body,
-                "at least one byte",
-            ));
+            return Err(invalid("max_body", self.max_body, "at least one byte"));
         }
         Ok(())
     }
@@ -275,6 +274,11 @@ impl HttpProbe {
             }
         }
     }
+}
+
+/// A setting of the probe that cannot work (the value as `Debug` writes it).
+fn invalid(setting: &'static str, value: impl fmt::Debug, expected: &'static str) -> ConfigError {
+    ConfigError::new("HTTP probe", setting, format!("{value:?}"), expected)
 }
 
 fn http_failure(

@@ -232,9 +232,40 @@ pub fn refused_uri() -> String {
     format!("http://{addr}")
 }
 
+/// The verdict of a health line's state (the checker's events are all of the health line).
+pub fn verdict(state: health_layer::LineState) -> health_layer::HealthVerdict {
+    match state {
+        health_layer::LineState::Health(v) => v,
+        other => panic!("not a health line: {other:?}"),
+    }
+}
+
+/// The verdicts of the transitions received so far (without waiting).
+pub fn transitions(
+    events: &mut tokio::sync::broadcast::Receiver<health_layer::CardEvent>,
+) -> Vec<health_layer::HealthVerdict> {
+    std::iter::from_fn(|| events.try_recv().ok())
+        .map(|t| verdict(t.to))
+        .collect()
+}
+
+/// Resets every backend's counters, makes `n` calls with `call`, and returns each backend's
+/// hits.
+pub async fn hits_after(
+    backends: &test_backends::Backends,
+    n: usize,
+    call: &mut impl AsyncFnMut(),
+) -> Vec<u64> {
+    backends.iter().for_each(|b| b.reset_counters());
+    for _ in 0..n {
+        call().await;
+    }
+    backends.iter().map(|b| b.hits()).collect()
+}
+
 /// Waits (bounded) for a transition of `target` to `to` on a subscription.
 pub async fn wait_transition(
-    events: &mut tokio::sync::broadcast::Receiver<health_layer::Transition>,
+    events: &mut tokio::sync::broadcast::Receiver<health_layer::CardEvent>,
     target: &str,
     to: health_layer::HealthVerdict,
     limit: Duration,
@@ -242,7 +273,7 @@ pub async fn wait_transition(
     let wait = async {
         loop {
             match events.recv().await {
-                Ok(t) if &*t.target == target && t.to == to => return true,
+                Ok(t) if &*t.target == target && verdict(t.to) == to => return true,
                 Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
             }

@@ -3,9 +3,11 @@
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use test_backends::pb::{Ping, SERVICE_NAME};
+use endpoint_state::error::cause_ref;
+use test_backends::pb::{Ping, Pong, SERVICE_NAME};
 use test_backends::{Backend, BlackHole, Mode, ServingStatus as Set};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -21,14 +23,22 @@ async fn assert_refused(addr: std::net::SocketAddr) {
 
 /// Whether the error chain of `status` holds an I/O "connection reset" (the server's RST).
 fn is_connection_reset(status: &tonic::Status) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(status);
-    while let Some(error) = source {
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            return io.kind() == ErrorKind::ConnectionReset;
-        }
-        source = error.source();
-    }
-    false
+    cause_ref::<std::io::Error>(status).is_some_and(|io| io.kind() == ErrorKind::ConnectionReset)
+}
+
+/// A backend whose calls take `delay`, and one call to it in flight (it has reached the server).
+async fn slow_call_in_flight(
+    delay: Duration,
+) -> (Backend, JoinHandle<Result<Pong, tonic::Status>>) {
+    let backend = Backend::start("b0").await.unwrap();
+    backend.set_delay(delay);
+    let mut client = test_client(backend.uri()).await;
+    let call = tokio::spawn(async move { unary(&mut client, "slow").await });
+    eventually("the slow call reached the server", || async {
+        backend.hits() == 1
+    })
+    .await;
+    (backend, call)
 }
 
 #[tokio::test]
@@ -46,14 +56,7 @@ async fn stop_refuses_new_connections() {
 
 #[tokio::test]
 async fn stop_fails_an_in_flight_call_promptly() {
-    let backend = Backend::start("b0").await.unwrap();
-    backend.set_delay(Duration::from_secs(10));
-    let mut client = test_client(backend.uri()).await;
-    let call = tokio::spawn(async move { unary(&mut client, "slow").await });
-    eventually("the slow call reached the server", || async {
-        backend.hits() == 1
-    })
-    .await;
+    let (backend, call) = slow_call_in_flight(Duration::from_secs(10)).await;
 
     let stopped_at = Instant::now();
     backend.stop().await;
@@ -168,14 +171,7 @@ async fn call_with_200ms_timeout(uri: String) -> tonic::Status {
 
 #[tokio::test]
 async fn stop_graceful_lets_in_flight_calls_finish() {
-    let backend = Backend::start("b0").await.unwrap();
-    backend.set_delay(Duration::from_millis(300));
-    let mut client = test_client(backend.uri()).await;
-    let call = tokio::spawn(async move { unary(&mut client, "slow").await });
-    eventually("the slow call reached the server", || async {
-        backend.hits() == 1
-    })
-    .await;
+    let (backend, call) = slow_call_in_flight(Duration::from_millis(300)).await;
 
     backend.stop_graceful(Duration::from_secs(5)).await;
 
@@ -187,14 +183,7 @@ async fn stop_graceful_lets_in_flight_calls_finish() {
 
 #[tokio::test]
 async fn stop_graceful_kills_what_is_left_after_the_grace() {
-    let backend = Backend::start("b0").await.unwrap();
-    backend.set_delay(Duration::from_secs(10));
-    let mut client = test_client(backend.uri()).await;
-    let call = tokio::spawn(async move { unary(&mut client, "slow").await });
-    eventually("the slow call reached the server", || async {
-        backend.hits() == 1
-    })
-    .await;
+    let (backend, call) = slow_call_in_flight(Duration::from_secs(10)).await;
 
     let started = Instant::now();
     backend.stop_graceful(Duration::from_millis(100)).await;

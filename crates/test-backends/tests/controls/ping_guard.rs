@@ -8,6 +8,7 @@
 use std::error::Error;
 use std::time::Duration;
 
+use endpoint_state::error::cause_ref;
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, StreamPing};
 use test_backends::{Backend, PingGuard, PingPolicy};
@@ -16,6 +17,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tonic::Code;
+use tonic::codec::Streaming;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -43,9 +45,7 @@ fn pinging(uri: String, every: Duration) -> Endpoint {
 }
 
 /// A health `Watch` of the whole server on `channel`, past its first message (`SERVING`).
-async fn watch(
-    channel: &Channel,
-) -> impl tokio_stream::Stream<Item = Result<HealthCheckResponse, tonic::Status>> + use<> {
+async fn watch(channel: &Channel) -> Streaming<HealthCheckResponse> {
     let mut health = HealthClient::new(channel.clone());
     let mut watch = health
         .watch(HealthCheckRequest::default())
@@ -55,6 +55,28 @@ async fn watch(
     let first = watch.next().await.expect("first message").expect("ok");
     assert_eq!(first.status(), ServingStatus::Serving);
     watch
+}
+
+/// A backend behind a guard with `policy`, a channel through the guard that pings every
+/// `every`, and a health `Watch` on that channel, past its first message.
+async fn watched(
+    policy: PingPolicy,
+    every: Duration,
+) -> (Backend, PingGuard, Channel, Streaming<HealthCheckResponse>) {
+    let backend = Backend::start("b0").await.unwrap();
+    let guard = PingGuard::start(backend.addr(), policy).await.unwrap();
+    let channel = pinging(guard.uri(), every).connect().await.unwrap();
+    let watch = watch(&channel).await;
+    (backend, guard, channel, watch)
+}
+
+/// The watch's next item, which must come within [`EVENTUALLY`].
+async fn next_within(
+    watch: &mut Streaming<HealthCheckResponse>,
+) -> Option<Result<HealthCheckResponse, tonic::Status>> {
+    tokio::time::timeout(EVENTUALLY, watch.next())
+        .await
+        .expect("the watch moves on in time")
 }
 
 /// When the guard read each client PING of connection `index`.
@@ -102,18 +124,6 @@ fn describe(error: &(dyn Error + 'static)) -> String {
         depth += 1;
     }
     out
-}
-
-/// The first `h2::Error` in the chain of `error`.
-fn h2_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a h2::Error> {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return Some(h2);
-        }
-        next = e.source();
-    }
-    None
 }
 
 #[tokio::test]
@@ -166,18 +176,11 @@ async fn calls_and_a_watch_pass_through_unchanged() {
 
 #[tokio::test]
 async fn pings_too_fast_get_goaway_too_many_pings() {
-    let backend = Backend::start("b0").await.unwrap();
-    let guard = PingGuard::start(backend.addr(), policy(0)).await.unwrap();
-    let channel = pinging(guard.uri(), Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let mut watch = watch(&channel).await;
+    let (_backend, guard, channel, mut watch) =
+        watched(policy(0), Duration::from_millis(100)).await;
 
     // The first PING after SERVING is judged afresh, the second is a strike and punished.
-    let next = tokio::time::timeout(EVENTUALLY, watch.next())
-        .await
-        .expect("the watch ends");
+    let next = next_within(&mut watch).await;
     let status = match next {
         Some(Err(status)) => status,
         other => panic!("the watch should fail, got {other:?}"),
@@ -197,7 +200,7 @@ async fn pings_too_fast_get_goaway_too_many_pings() {
     // The Watch (stream 1 <= the GOAWAY's last stream id) only sees the connection close under
     // it: tonic 0.14 does not surface the GOAWAY's code or debug data in the call's Status.
     assert_eq!(status.code(), Code::Unknown);
-    let h2 = h2_error(&status).expect("an h2::Error in the chain");
+    let h2 = cause_ref::<h2::Error>(&status).expect("an h2::Error in the chain");
     assert!(h2.is_io(), "{h2}");
     assert!(!status.to_string().contains("too_many_pings"));
 
@@ -248,13 +251,8 @@ async fn goaway_carries_enhance_your_calm_and_too_many_pings_to_an_h2_client() {
 
 #[tokio::test]
 async fn pings_at_the_allowed_rate_are_never_punished() {
-    let backend = Backend::start("b0").await.unwrap();
-    let guard = PingGuard::start(backend.addr(), policy(0)).await.unwrap();
-    let channel = pinging(guard.uri(), Duration::from_millis(400))
-        .connect()
-        .await
-        .unwrap();
-    let mut watch = watch(&channel).await;
+    let (backend, guard, _channel, mut watch) =
+        watched(policy(0), Duration::from_millis(400)).await;
     let started = Instant::now();
 
     eventually("six pings, over two seconds", || async {
@@ -279,17 +277,10 @@ async fn pings_at_the_allowed_rate_are_never_punished() {
 
 #[tokio::test]
 async fn the_strike_beyond_max_strikes_is_punished() {
-    let backend = Backend::start("b0").await.unwrap();
-    let guard = PingGuard::start(backend.addr(), policy(2)).await.unwrap();
-    let channel = pinging(guard.uri(), Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let mut watch = watch(&channel).await;
+    let (_backend, guard, _channel, mut watch) =
+        watched(policy(2), Duration::from_millis(100)).await;
 
-    let next = tokio::time::timeout(EVENTUALLY, watch.next())
-        .await
-        .expect("the watch ends");
+    let next = next_within(&mut watch).await;
     assert!(matches!(next, Some(Err(_))), "{next:?}");
 
     // Strikes 1 and 2 were forwarded and answered (hyper pings again only after an ACK); the
@@ -311,15 +302,10 @@ async fn the_strike_beyond_max_strikes_is_punished() {
 
 #[tokio::test]
 async fn server_data_between_pings_resets_the_count() {
-    let backend = Backend::start("b0").await.unwrap();
     // One stray strike (a late health flip on a loaded machine) is tolerated; an interval-only
     // rule would strike every PING below and fail at the second.
-    let guard = PingGuard::start(backend.addr(), policy(1)).await.unwrap();
-    let channel = pinging(guard.uri(), Duration::from_millis(100))
-        .connect()
-        .await
-        .unwrap();
-    let mut watch = watch(&channel).await;
+    let (backend, guard, _channel, mut watch) =
+        watched(policy(1), Duration::from_millis(100)).await;
 
     // A Watch message every 150 ms: hyper pings 100 ms after each, so each PING comes about
     // 150 ms after the previous one (a strike by interval alone) with a message in between.
@@ -335,10 +321,7 @@ async fn server_data_between_pings_resets_the_count() {
     };
     let mut messages = 0;
     while messages < 16 {
-        let next = tokio::time::timeout(EVENTUALLY, watch.next())
-            .await
-            .expect("a message");
-        next.expect("open").expect("ok");
+        next_within(&mut watch).await.expect("open").expect("ok");
         messages += 1;
     }
     flipper.await.unwrap();
@@ -437,9 +420,7 @@ async fn stop_closes_the_listener_and_every_connection() {
     guard.stop().await;
 
     assert_eq!(guard.open_connections(), 0);
-    let next = tokio::time::timeout(EVENTUALLY, watch.next())
-        .await
-        .expect("the watch ends");
+    let next = next_within(&mut watch).await;
     assert!(matches!(next, Some(Err(_)) | None), "{next:?}");
     let refused = TcpStream::connect(guard.addr()).await;
     assert!(refused.is_err(), "the listener should be closed");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, Pong};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -14,11 +14,7 @@ use tonic_health::pb::health_client::HealthClient;
 pub(crate) const EVENTUALLY: Duration = Duration::from_secs(5);
 
 /// An endpoint for `uri` with a connect timeout, so nothing in a test can hang forever.
-pub(crate) fn endpoint(uri: String) -> Endpoint {
-    Endpoint::from_shared(uri)
-        .expect("valid uri")
-        .connect_timeout(Duration::from_secs(2))
-}
+pub(crate) use test_backends::fixture::endpoint;
 
 /// A connected channel to `uri`.
 pub(crate) async fn channel(uri: String) -> Channel {

@@ -1,0 +1,309 @@
+//! One target's probe link: where its probes go (endpoint, service name), the gRPC connection
+//! kept between passing probes, and the keepalive of its new connections, slowed down when a
+//! server says `too_many_pings` (gRFC A8). The checker asks it for one look at a time and judges
+//! what comes back; the link never publishes anything.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use endpoint_state::BoxError;
+use endpoint_state::sync::lock;
+use endpoint_state::time::Secs;
+use tokio::time::Instant;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+
+use super::connect::{ProbeConn, connect_failed, connect_until};
+use super::error::{ConnectionEnd, ProbeError, ProbeFailure};
+use super::grpc::{ServingStatus, check_on, transport_is_unavailable, watch_on};
+
+/// Connects a probe channel from its endpoint (the user's
+/// [`connector`](crate::HealthConfig::connector)).
+pub(crate) type Connector = Arc<
+    dyn Fn(Endpoint) -> Pin<Box<dyn Future<Output = Result<Channel, BoxError>> + Send>>
+        + Send
+        + Sync
+        + 'static,
+>;
+
+/// How a link connects: the time a probe may take, and the user's connector if any.
+#[derive(Clone, Copy)]
+pub(crate) struct Dial<'a> {
+    pub(crate) limit: Duration,
+    pub(crate) connector: Option<&'a Connector>,
+}
+
+/// What gRPC servers accept by default: one ping without data every 5 minutes (C-core,
+/// grpc-go, grpc-java). A8's doubling starts here when the refused keepalive was the
+/// template's own.
+const SERVER_PING_FLOOR: Duration = Duration::from_secs(5 * 60);
+
+/// A verification in flight (see [`ProbeLink::verify`]).
+pub(crate) type Verifying<'a> =
+    Pin<Box<dyn Future<Output = Result<ServingStatus, ProbeError>> + Send + 'a>>;
+
+/// One target's probe link. See the [module docs](self).
+pub(crate) struct ProbeLink {
+    target: Arc<str>,
+    /// `None` for custom probes, which have no endpoint.
+    endpoint: Option<Endpoint>,
+    service: Arc<str>,
+    /// The gRPC connection, kept between passing probes.
+    conn: Mutex<Option<ProbeConn>>,
+    /// The HTTP/2 keepalive of new connections, when the checker sets one:
+    /// [`probe_keepalive`](crate::HealthConfig::probe_keepalive), doubled on each
+    /// `too_many_pings`.
+    keepalive: Mutex<Option<Duration>>,
+    /// Connections made (the channel's own reconnections too, for plaintext endpoints).
+    connections: Arc<AtomicU64>,
+}
+
+impl ProbeLink {
+    pub(crate) fn new(
+        target: Arc<str>,
+        endpoint: Option<Endpoint>,
+        service: Arc<str>,
+        keepalive: Option<Duration>,
+    ) -> Self {
+        ProbeLink {
+            target,
+            endpoint,
+            service,
+            conn: Mutex::new(None),
+            keepalive: Mutex::new(keepalive),
+            connections: Arc::default(),
+        }
+    }
+
+    /// The endpoint probed (none for custom probes).
+    #[cfg(feature = "http-probe")]
+    pub(crate) fn endpoint(&self) -> Option<&Endpoint> {
+        self.endpoint.as_ref()
+    }
+
+    /// The service name asked about.
+    pub(crate) fn service(&self) -> &Arc<str> {
+        &self.service
+    }
+
+    /// Whether a gRPC connection is kept now.
+    pub(crate) fn is_open(&self) -> bool {
+        lock(&self.conn).is_some()
+    }
+
+    /// The kept connection, if any.
+    pub(crate) fn kept(&self) -> Option<ProbeConn> {
+        lock(&self.conn).clone()
+    }
+
+    /// Drops the kept connection, if any.
+    pub(crate) fn close(&self) {
+        drop(lock(&self.conn).take());
+    }
+
+    /// The keepalive of new connections, when the checker sets one.
+    pub(crate) fn keepalive(&self) -> Option<Duration> {
+        *lock(&self.keepalive)
+    }
+
+    /// Connections made so far.
+    pub(crate) fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// An RPC failure of this target's health RPC.
+    pub(crate) fn rpc_error(&self, status: Status) -> ProbeError {
+        ProbeError::new(
+            self.target.clone(),
+            ProbeFailure::Rpc {
+                service: self.service.clone(),
+                status,
+            },
+        )
+    }
+
+    /// The `Watch` stream failed with `status` (the server's, or one made here from a broken
+    /// connection, which says how the connection ended).
+    pub(crate) fn stream_error(&self, status: Status) -> ProbeError {
+        let ended = ConnectionEnd::of(&status);
+        self.rpc_error(transport_is_unavailable(status))
+            .with_end(ended)
+    }
+
+    /// The server answered, and not `SERVING`.
+    pub(crate) fn not_serving(&self, status: ServingStatus) -> ProbeError {
+        ProbeError::new(
+            self.target.clone(),
+            ProbeFailure::NotServing {
+                service: self.service.clone(),
+                status,
+            },
+        )
+    }
+
+    fn request(&self) -> tonic::Request<HealthCheckRequest> {
+        tonic::Request::new(HealthCheckRequest {
+            service: self.service.to_string(),
+        })
+    }
+
+    /// Connects a new probe channel: the endpoint, with the link's keepalive when it sets one.
+    pub(crate) async fn connect(
+        &self,
+        dial: Dial<'_>,
+        deadline: Instant,
+    ) -> Result<ProbeConn, ProbeError> {
+        let mut endpoint = self
+            .endpoint
+            .clone()
+            .expect("gRPC probe modes always resolve an endpoint");
+        if let Some(interval) = self.keepalive() {
+            endpoint = endpoint.http2_keep_alive_interval(interval);
+        }
+        let Some(connector) = dial.connector else {
+            return connect_until(
+                &self.target,
+                &endpoint,
+                deadline,
+                dial.limit,
+                &self.connections,
+            )
+            .await;
+        };
+        match tokio::time::timeout_at(deadline, connector(endpoint)).await {
+            Ok(Ok(channel)) => Ok(ProbeConn {
+                channel,
+                frames: None,
+            }),
+            Ok(Err(e)) => Err(connect_failed(&self.target, None, Some(e))),
+            Err(_) => Err(connect_failed(&self.target, Some(dial.limit), None)),
+        }
+    }
+
+    /// One `Check` on the kept channel (connecting one if there is none). When the kept
+    /// connection turns out to be gone — the server closed it (max connection age or idleness,
+    /// a restart), which says nothing against the target — the check is made once more on a
+    /// new connection, by the same deadline.
+    ///
+    /// With `own_connection` (a `Check` in `Watch` mode, whose kept connection belongs to the
+    /// stream), it connects, checks and lets go.
+    pub(crate) async fn check(
+        &self,
+        dial: Dial<'_>,
+        deadline: Instant,
+        own_connection: bool,
+    ) -> Result<(), ProbeError> {
+        if own_connection {
+            let conn = self.connect(dial, deadline).await?;
+            return self.check_until(conn.channel, deadline).await;
+        }
+        let conn = match self.kept() {
+            Some(conn) => match self.check_until(conn.channel, deadline).await {
+                Ok(()) => {
+                    self.after_check();
+                    return Ok(());
+                }
+                Err(e) if e.connection_ended() => {
+                    tracing::debug!(target = %self.target, error = %e.reason(), "health probe connection ended; checking on a new one");
+                    self.connection_done(&e);
+                    self.connect(dial, deadline).await?
+                }
+                other => return other,
+            },
+            None => self.connect(dial, deadline).await?,
+        };
+        let channel = conn.channel.clone();
+        lock(&self.conn).get_or_insert(conn);
+        let result = self.check_until(channel, deadline).await;
+        self.after_check();
+        result
+    }
+
+    /// One `Check` on `channel` by `deadline`: `SERVING` is `Ok`.
+    async fn check_until(&self, channel: Channel, deadline: Instant) -> Result<(), ProbeError> {
+        let remaining = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        match check_on(channel, &self.target, self.request(), remaining).await? {
+            ServingStatus::Serving => Ok(()),
+            status => Err(self.not_serving(status)),
+        }
+    }
+
+    /// One `Check` on `channel` within `limit`, whatever it answers: verifies that a kept
+    /// connection is alive (a call with data, which no server counts as an abusive ping).
+    pub(crate) fn verify(&self, channel: Channel, limit: Duration) -> Verifying<'_> {
+        Box::pin(check_on(channel, &self.target, self.request(), limit))
+    }
+
+    /// Subscribes to `Watch` on a new connection (kept by the link while the stream lives), by
+    /// `deadline`: the stream and its channel.
+    pub(crate) async fn subscribe(
+        &self,
+        dial: Dial<'_>,
+        deadline: Instant,
+    ) -> Result<(Channel, tonic::Streaming<HealthCheckResponse>), ProbeError> {
+        let conn = self.connect(dial, deadline).await?;
+        let channel = conn.channel.clone();
+        *lock(&self.conn) = Some(conn);
+        let stream = watch_on(
+            channel.clone(),
+            &self.target,
+            &self.service,
+            deadline,
+            dial.limit,
+        )
+        .await?;
+        Ok((channel, stream))
+    }
+
+    /// The connection is done (its stream or a check on it failed, or the server closed it):
+    /// drop it, and if the server's `GOAWAY` said `too_many_pings`, slow the pings down.
+    pub(crate) fn connection_done(&self, error: &ProbeError) {
+        let conn = lock(&self.conn).take();
+        let goaway = conn.as_ref().and_then(ProbeConn::take_goaway);
+        if let Some(goaway) = &goaway {
+            tracing::debug!(target = %self.target, %goaway, "health probe connection closed by the server");
+        }
+        if error.is_too_many_pings() || goaway.is_some_and(|g| g.is_too_many_pings()) {
+            self.slow_pings();
+        }
+    }
+
+    /// After a check that passed on a kept channel: tonic may have reconnected it silently
+    /// after the server closed the old connection. If the server did so for too many pings,
+    /// slow the pings down and let the next probe connect anew with them.
+    fn after_check(&self) {
+        let goaway = lock(&self.conn).as_ref().and_then(ProbeConn::take_goaway);
+        if let Some(goaway) = goaway {
+            tracing::debug!(target = %self.target, %goaway, "health probe connection closed by the server");
+            if goaway.is_too_many_pings() {
+                self.slow_pings();
+                self.close();
+            }
+        }
+    }
+
+    /// gRFC A8: the server closed a probe connection with `too_many_pings`. Double the
+    /// keepalive of new connections (from 5 minutes, what servers accept by default, when the
+    /// refused value is the template's own and cannot be read back).
+    fn slow_pings(&self) {
+        let mut keepalive = lock(&self.keepalive);
+        let next = match *keepalive {
+            Some(interval) => interval.saturating_mul(2),
+            None => SERVER_PING_FLOOR,
+        };
+        *keepalive = Some(next);
+        tracing::warn!(
+            target = %self.target,
+            keepalive = ?next,
+            "health probe connection closed by the server: GOAWAY too_many_pings; its new \
+             connections ping at most every {} (gRFC A8)",
+            Secs(next)
+        );
+    }
+}
