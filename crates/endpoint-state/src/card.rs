@@ -25,7 +25,6 @@ pub use crate::line::{
     BreakerLine, BreakerState, HealthLine, HealthVerdict, Line, LineKind, Quarantine,
     QuarantineLine, Reason,
 };
-use crate::peers::{Peers, PeersInner};
 
 struct Inner {
     target: Arc<str>,
@@ -42,7 +41,7 @@ struct Inner {
     notify: Arc<Notify>,
     /// The peer set the card belongs to (weak: the set holds its cards). Read only on the
     /// slow path, when the card is not eligible, and on a write.
-    peers: Mutex<Weak<PeersInner>>,
+    peers: Mutex<Option<Weak<dyn PeerLink>>>,
     /// The card's event stream, made by its first subscriber.
     events: OnceLock<broadcast::Sender<CardEvent>>,
 }
@@ -57,6 +56,15 @@ fn line_bit(kind: LineKind) -> u8 {
         LineKind::Quarantine => NOT_QUARANTINED,
         LineKind::Breaker => BREAKER_CLOSED,
     }
+}
+
+/// What a card knows of the peer set it belongs to (implemented by the peer set): where
+/// to send its events, and the set itself, for the rule.
+pub(crate) trait PeerLink: Send + Sync + 'static {
+    /// Sends a change of the card to the set's subscribers.
+    fn emit(&self, event: &CardEvent);
+    /// The set, for the peer-set code to take back.
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
 /// One endpoint's shared state card.
@@ -130,7 +138,7 @@ impl EndpointCard {
                 write: Mutex::new(()),
                 version: AtomicU64::new(0),
                 notify: Arc::new(Notify::new()),
-                peers: Mutex::new(Weak::new()),
+                peers: Mutex::new(None),
                 events: OnceLock::new(),
             }),
         }
@@ -294,7 +302,7 @@ impl EndpointCard {
             // No subscriber is fine; a lagging one loses its oldest events, never us.
             let _ = tx.send(event.clone());
         }
-        if let Some(peers) = self.peer_set() {
+        if let Some(peers) = self.peer_link() {
             peers.emit(&event);
         }
         Some(event)
@@ -382,23 +390,27 @@ impl EndpointCard {
         self.inner.notify.clone().notified_owned()
     }
 
-    fn peers_slot(&self) -> std::sync::MutexGuard<'_, Weak<PeersInner>> {
+    fn peers_slot(&self) -> std::sync::MutexGuard<'_, Option<Weak<dyn PeerLink>>> {
         crate::sync::lock(&self.inner.peers)
     }
 
-    pub(crate) fn peer_set(&self) -> Option<Peers> {
-        self.peers_slot().upgrade().map(Peers::from_inner)
+    /// The peer set the card belongs to, if any.
+    pub(crate) fn peer_link(&self) -> Option<Arc<dyn PeerLink>> {
+        self.peers_slot().as_ref().and_then(Weak::upgrade)
     }
 
-    pub(crate) fn link_peers(&self, peers: Weak<PeersInner>) {
-        *self.peers_slot() = peers;
+    pub(crate) fn link_peers(&self, peers: Weak<dyn PeerLink>) {
+        *self.peers_slot() = Some(peers);
     }
 
     /// Forgets the peer set, if it is `peers`.
-    pub(crate) fn unlink_peers(&self, peers: &Arc<PeersInner>) {
+    pub(crate) fn unlink_peers(&self, peers: &Arc<dyn PeerLink>) {
         let mut slot = self.peers_slot();
-        if std::ptr::eq(Arc::as_ptr(peers), slot.as_ptr()) {
-            *slot = Weak::new();
+        if slot
+            .as_ref()
+            .is_some_and(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(peers)))
+        {
+            *slot = None;
         }
     }
 }

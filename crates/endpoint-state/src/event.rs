@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::card::{BreakerState, HealthVerdict, LineKind, Quarantine, Reason};
+use crate::line::{BreakerState, HealthVerdict, LineKind, Quarantine, Reason};
 
 /// The state of one line, as an event carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -43,8 +43,9 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
-use crate::card::{BreakerState, EndpointCard};
+use crate::card::{EndpointCard, PeerLink};
 use crate::event::{CardEvent, PEER_EVENTS};
+use crate::line::BreakerState;
 
 /// A set of peer endpoints' cards: the endpoints among which one choice is made.
 ///
@@ -69,6 +70,18 @@ pub(crate) struct PeersInner {
 struct Members {
     version: u64,
     list: Vec<EndpointCard>,
+}
+
+impl PeerLink for PeersInner {
+    fn emit(&self, event: &CardEvent) {
+        if self.events.receiver_count() > 0 {
+            let _ = self.events.send(event.clone());
+        }
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
 }
 
 impl Default for Peers {
@@ -165,12 +178,12 @@ impl Peers {
             let mut list = current.list.clone();
             match list.iter_mut().find(|c| c.target() == card.target()) {
                 Some(c) if c.same_card(card) => {
-                    card.link_peers(Arc::downgrade(&self.inner));
+                    card.link_peers(self.link());
                     return false;
                 }
                 Some(c) => {
                     let old = std::mem::replace(c, card.clone());
-                    old.unlink_peers(&self.inner);
+                    old.unlink_peers(&self.as_link());
                     replaced = true;
                 }
                 None => {
@@ -178,7 +191,7 @@ impl Peers {
                     replaced = false;
                 }
             }
-            card.link_peers(Arc::downgrade(&self.inner));
+            card.link_peers(self.link());
             self.inner.members.store(Arc::new(Members {
                 version: current.version + 1,
                 list,
@@ -204,7 +217,7 @@ impl Peers {
             }));
             card
         };
-        removed.unlink_peers(&self.inner);
+        removed.unlink_peers(&self.as_link());
         self.inner.left.notify_waiters();
         Some(removed)
     }
@@ -225,7 +238,7 @@ impl Peers {
                 list,
             }));
         }
-        card.unlink_peers(&self.inner);
+        card.unlink_peers(&self.as_link());
         self.inner.left.notify_waiters();
         true
     }
@@ -332,10 +345,13 @@ impl Peers {
         self.inner.events.subscribe()
     }
 
-    pub(crate) fn emit(&self, event: &CardEvent) {
-        if self.inner.events.receiver_count() > 0 {
-            let _ = self.inner.events.send(event.clone());
-        }
+    fn as_link(&self) -> Arc<dyn PeerLink> {
+        self.inner.clone()
+    }
+
+    fn link(&self) -> std::sync::Weak<dyn PeerLink> {
+        let weak: std::sync::Weak<PeersInner> = Arc::downgrade(&self.inner);
+        weak
     }
 
     pub(crate) fn from_inner(inner: Arc<PeersInner>) -> Self {
@@ -347,6 +363,11 @@ impl EndpointCard {
     /// The card's peer set, if it belongs to one.
     pub fn peers(&self) -> Option<Peers> {
         self.peer_set()
+    }
+
+    pub(crate) fn peer_set(&self) -> Option<Peers> {
+        let inner = self.peer_link()?.as_any().downcast::<PeersInner>().ok()?;
+        Some(Peers::from_inner(inner))
     }
 
     /// Whether the only lines that shut the card now are passive ones: its health admits

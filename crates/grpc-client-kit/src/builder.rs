@@ -259,7 +259,7 @@ impl KitBuilder {
             Some(config) => Some(
                 config
                     .build()
-                    .map_err(|e| e.within(crate::config::CONFIG, "health"))?,
+                    .map_err(|e| e.within(crate::error::CONFIG, "health"))?,
             ),
             None => None,
         };
@@ -269,7 +269,7 @@ impl KitBuilder {
                 .outlier_ejection(None)
         });
         let group = QuarantineGroup::new(quarantine)
-            .map_err(|e| e.within(crate::config::CONFIG, "quarantine"))?;
+            .map_err(|e| e.within(crate::error::CONFIG, "quarantine"))?;
         let breaker_enabled = self.breaker.is_some();
         let breaker = self
             .breaker
@@ -277,14 +277,14 @@ impl KitBuilder {
             .when_open(breaker_layer::WhenOpen::Wait);
         breaker
             .validate()
-            .map_err(|e| e.within(crate::config::CONFIG, "breaker"))?;
+            .map_err(|e| e.within(crate::error::CONFIG, "breaker"))?;
         let mut balance = self.balance;
         if let Strategy::Weighted(weights) = &balance.strategy {
             balance.strategy = Strategy::Weighted(normalize_weights(weights, &spec)?);
         }
         balance
             .validate()
-            .map_err(|e| e.within(crate::config::CONFIG, ""))?;
+            .map_err(|e| e.within(crate::error::CONFIG, ""))?;
         self.dns.validate()?;
         // 2. Start.
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
@@ -321,13 +321,13 @@ impl KitBuilder {
         }
         if let Some(checker) = &registry.checker {
             checker.start(probes).map_err(|e| {
-                ConfigError::problem(crate::config::CONFIG, "health", "", format!("{e}"))
+                ConfigError::problem(crate::error::CONFIG, "health", "", format!("{e}"))
                     .with_source(e)
             })?;
         }
         let strategy = balance.strategy.name();
         let balance = Balance::new(KitDiscover::new(initial, changes_rx), balance)
-            .map_err(|e| e.within(crate::config::CONFIG, ""))?;
+            .map_err(|e| e.within(crate::error::CONFIG, ""))?;
         let state = Arc::new(KitState::default());
         #[cfg_attr(not(any(feature = "dns", feature = "metrics")), allow(unused_mut))]
         let mut tasks = Vec::new();
@@ -378,14 +378,14 @@ impl KitBuilder {
     fn target_spec(&self) -> Result<TargetSpec, ConfigError> {
         match (&self.target, &self.targets) {
             (Some(one), Some(_)) => Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "target",
                 format!("{one:?}"),
                 "set either `target` (one address or a `dns:` name) or `targets` (a list of \
                  addresses), not both",
             )),
             (None, None) => Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "targets",
                 "",
                 "no target: set `target` (one address or a `dns:` name) or `targets` (a list \
@@ -397,7 +397,7 @@ impl KitBuilder {
                     Ok(TargetSpec::Dns(target))
                 } else {
                     Err(ConfigError::problem(
-                        crate::config::CONFIG,
+                        crate::error::CONFIG,
                         "target",
                         format!("{one:?}"),
                         "DNS targets need the `dns` cargo feature of grpc-client-kit",
@@ -410,7 +410,7 @@ impl KitBuilder {
             (None, Some(list)) => {
                 if list.is_empty() {
                     return Err(ConfigError::problem(
-                        crate::config::CONFIG,
+                        crate::error::CONFIG,
                         "targets",
                         "[]",
                         "the list is empty: give at least one address",
@@ -422,7 +422,7 @@ impl KitBuilder {
                     let field = format!("targets[{i}]");
                     if t.starts_with("dns:") {
                         return Err(ConfigError::problem(
-                            crate::config::CONFIG,
+                            crate::error::CONFIG,
                             field,
                             format!("{t:?}"),
                             "a `dns:` name goes in `target`, alone",
@@ -431,7 +431,7 @@ impl KitBuilder {
                     let (name, endpoint) = self.resolve_static(&field, t)?;
                     if !seen.insert(name.clone()) {
                         return Err(ConfigError::problem(
-                            crate::config::CONFIG,
+                            crate::error::CONFIG,
                             field,
                             format!("{t:?}"),
                             format!("{name} is listed twice"),
@@ -448,7 +448,7 @@ impl KitBuilder {
         let uri = normalize(t);
         let bad = |why: String| {
             ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 field.to_owned(),
                 format!("{t:?}"),
                 why,
@@ -500,7 +500,7 @@ fn normalize_weights(weights: &Weights, spec: &TargetSpec) -> Result<Weights, Co
             && !list.iter().any(|(n, _)| **n == *name)
         {
             return Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 format!("weights[{target}]"),
                 weight.to_string(),
                 "not one of the targets",

@@ -46,7 +46,7 @@ impl DnsTarget {
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
         let bad = |why: &str| {
             ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "target",
                 format!("{s:?}"),
                 why.to_owned(),
@@ -194,7 +194,7 @@ impl DnsSettings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.min_refresh.is_zero() {
             return Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "dns.min_refresh",
                 format!("{:?}", self.min_refresh),
                 "must be more than zero",
@@ -202,7 +202,7 @@ impl DnsSettings {
         }
         if self.refresh < self.min_refresh {
             return Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "dns.refresh",
                 format!("{:?}", self.refresh),
                 format!("must be at least dns.min_refresh ({:?})", self.min_refresh),
@@ -210,7 +210,7 @@ impl DnsSettings {
         }
         if self.scheme != "http" && self.scheme != "https" {
             return Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "dns.scheme",
                 format!("{:?}", self.scheme),
                 "must be \"http\" or \"https\"",
@@ -276,7 +276,7 @@ mod running {
             }
             None => Resolver::builder_tokio().map_err(|e| {
                 ConfigError::problem(
-                    crate::config::CONFIG,
+                    crate::error::CONFIG,
                     "target",
                     format!("{:?}", target.name()),
                     format!("cannot read the system's DNS configuration: {e}"),
@@ -288,7 +288,7 @@ mod running {
         builder.options_mut().cache_size = 0;
         builder.build().map_err(|e| {
             ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "target",
                 format!("{:?}", target.name()),
                 format!("cannot build a DNS resolver: {e}"),

@@ -35,6 +35,9 @@ pub use endpoint_state::BoxError;
 /// fraction in [0, 1)`; a layer's own error is its [`source`](Error::source).
 pub type InvalidConfig = ConfigError;
 
+/// The kit's configuration's name in its errors (`invalid grpc-client-kit configuration: ...`).
+pub(crate) const CONFIG: &str = "grpc-client-kit";
+
 /// [`KitBuilder::build`](crate::KitBuilder::build) refused to build: nothing was started (no
 /// task, no connection, no probe).
 #[derive(Debug)]

@@ -150,7 +150,7 @@ impl StackFactory {
         card: &EndpointCard,
     ) -> Result<(Stack, BreakerHandle), ConfigError> {
         let breaker = BreakerLayer::new(card.clone(), self.breaker.clone())
-            .map_err(|e| e.within(crate::config::CONFIG, "breaker"))?;
+            .map_err(|e| e.within(crate::error::CONFIG, "breaker"))?;
         let handle = breaker.handle();
         if !self.breaker_enabled {
             handle.disable();

@@ -109,7 +109,7 @@ impl EndpointSettings {
             && let Err(e) = origin.parse::<http::Uri>()
         {
             return Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "endpoint.origin",
                 format!("{origin:?}"),
                 format!("not a valid URI: {e}"),
@@ -119,7 +119,7 @@ impl EndpointSettings {
             && let Err(e) = http::HeaderValue::from_str(agent)
         {
             return Err(ConfigError::problem(
-                crate::config::CONFIG,
+                crate::error::CONFIG,
                 "endpoint.user_agent",
                 format!("{agent:?}"),
                 format!("not a valid header value: {e}"),

@@ -13,7 +13,7 @@ use serde::{Deserialize, de};
 
 use crate::builder::KitBuilder;
 use crate::dns::DnsSettings;
-use crate::error::BuildError;
+use crate::error::{BuildError, CONFIG};
 use crate::kit::Kit;
 use crate::template::EndpointSettings;
 use claim::{Claim, Switched};
@@ -220,6 +220,3 @@ impl KitConfig {
         self.builder()?.build()
     }
 }
-
-/// The configuration's name in its errors.
-pub(crate) const CONFIG: &str = "grpc-client-kit";
