@@ -12,8 +12,8 @@ use endpoint_state::{BreakerState, EndpointCard, FailureCodes};
 use support::reason;
 use test_backends::Backend;
 use test_backends::fixture::{self, LocalTimeout};
+use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
-use test_backends::pb::{Ping, StreamPing};
 use tonic::Code;
 use tonic::transport::Channel;
 use tower::Layer;
@@ -62,12 +62,7 @@ async fn a_trailers_only_error_counts() {
 async fn an_error_in_the_trailers_after_a_streamed_reply_counts() {
     let b = Backend::start("b0").await.unwrap();
     let (mut c, h) = client(fixture::connect_lazy(&b), trip_on_one());
-    b.fail_next(1, Code::Internal);
-    let mut stream = c
-        .server_stream(StreamPing { count: 3 })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = fixture::failing_stream(&b, &mut c, Code::Internal).await;
     let first = stream
         .message()
         .await

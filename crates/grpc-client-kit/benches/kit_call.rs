@@ -14,7 +14,6 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use test_backends::Backends;
 use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
 use tonic::client::GrpcService;
@@ -48,35 +47,23 @@ where
     T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
 {
-    let start = Instant::now();
-    let per = iters.div_ceil(CALLERS);
-    let mut tasks = Vec::new();
-    for _ in 0..CALLERS {
+    test_backends::bench::concurrent(CALLERS, iters, |calls| {
         let mut client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..per {
+        async move {
+            for _ in 0..calls {
                 client
                     .unary(Ping::default())
                     .await
                     .expect("the call succeeds");
             }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    start
-        .elapsed()
-        .mul_f64(iters as f64 / (per * CALLERS) as f64)
+        }
+    })
+    .await
 }
 
 fn calls(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let backends = rt.block_on(Backends::start(3)).unwrap();
+    let rt = test_backends::bench::runtime(2);
+    let backends = test_backends::bench::backends(&rt, 3);
     let uris = backends.uris();
 
     let (kit, bare, list) = rt.block_on(support::kit_bare_and_list(&uris));

@@ -22,26 +22,22 @@ async fn sixty_calls_split_20_20_20_then_30_0_30_when_one_is_not_serving() {
     let backends = Backends::start(3).await.unwrap();
     let kit = ready_watch_kit(&backends).await;
     let mut client = TestServiceClient::new(kit.channel());
-    for _ in 0..60 {
-        client.unary(Ping::default()).await.unwrap();
-    }
-    assert_eq!(hits(&backends), [20, 20, 20]);
+    let mut sixty_calls = async || {
+        backends.iter().for_each(|b| b.reset_counters());
+        for _ in 0..60 {
+            client.unary(Ping::default()).await.unwrap();
+        }
+        hits(&backends)
+    };
+    assert_eq!(sixty_calls().await, [20, 20, 20]);
 
     backends[1].set_serving(false).await;
     assert!(eventually(Duration::from_secs(5), || kit.eligible_targets().len() == 2).await);
-    backends.iter().for_each(|b| b.reset_counters());
-    for _ in 0..60 {
-        client.unary(Ping::default()).await.unwrap();
-    }
-    assert_eq!(hits(&backends), [30, 0, 30]);
+    assert_eq!(sixty_calls().await, [30, 0, 30]);
 
     backends[1].set_serving(true).await;
     assert!(eventually(Duration::from_secs(5), || kit.eligible_targets().len() == 3).await);
-    backends.iter().for_each(|b| b.reset_counters());
-    for _ in 0..60 {
-        client.unary(Ping::default()).await.unwrap();
-    }
-    assert_eq!(hits(&backends), [20, 20, 20]);
+    assert_eq!(sixty_calls().await, [20, 20, 20]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

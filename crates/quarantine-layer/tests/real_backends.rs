@@ -7,8 +7,8 @@ use endpoint_state::EndpointCard;
 use quarantine_layer::{Quarantine, QuarantineGroup};
 use test_backends::Backend;
 use test_backends::fixture::{self, LocalTimeout};
+use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
-use test_backends::pb::{Ping, StreamPing};
 use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -68,12 +68,7 @@ async fn unavailable_in_the_trailers_of_a_stream_quarantines() {
     let b = Backend::start("b0").await.unwrap();
     let channel = fixture::connect(&b).await;
     let (mut c, card, _group) = client(&b, channel);
-    b.fail_next(1, Code::Unavailable);
-    let mut stream = c
-        .server_stream(StreamPing { count: 3 })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = fixture::failing_stream(&b, &mut c, Code::Unavailable).await;
     assert!(stream.message().await.unwrap().is_some());
     assert!(remaining(&card).is_none(), "not known before the trailers");
     let err = stream.message().await.unwrap_err();
