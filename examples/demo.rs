@@ -1,11 +1,17 @@
 //! The grpc-client-kit demo: three local backends, one kit with `Watch` health checking, and a
-//! generated client that keeps working while the backends misbehave.
+//! generated client that keeps working while the backends misbehave — next to the same client
+//! over tonic's `Channel::balance_list` on the same backends, phase by phase.
 //!
 //! ```text
 //! cargo run --example demo
+//! RUST_LOG=info cargo run --example demo   # also the kit's transitions as they happen (stderr)
 //! ```
 //!
 //! Needs nothing installed: the backends are real tonic servers on `127.0.0.1`, started here.
+//! Each phase makes 60 sequential calls with each client: `balance_list` keeps giving a
+//! `NOT_SERVING` backend its share, keeps failing about a third of the calls while a backend
+//! is down (errors that name no backend), and answers from backends that all say
+//! `NOT_SERVING`; the kit does none of that.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,11 +24,19 @@ use test_backends::pb::Ping;
 use test_backends::pb::test_service_client::TestServiceClient;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tracing_subscriber::EnvFilter;
 
 type Client = TestServiceClient<KitChannel>;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `RUST_LOG=info` shows the kit's transitions (health, quarantine, breaker) on stderr;
+    // without it, only warnings.
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let started = Instant::now();
     let backends = Backends::start(3).await?;
     let names: Vec<String> = backends.iter().map(|b| b.name().to_owned()).collect();
@@ -43,8 +57,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .build()?;
     let mut client = TestServiceClient::new(kit.channel());
+    // The same generated client over tonic's own balancer on the same addresses.
+    let endpoints = backends.uris().into_iter().map(Endpoint::from_shared);
+    let endpoints = endpoints.collect::<Result<Vec<_>, _>>()?;
+    let mut tonic = TestServiceClient::new(Channel::balance_list(endpoints.into_iter()));
 
-    println!("grpc-client-kit demo — three local backends, Watch health checks, round-robin\n");
+    println!("grpc-client-kit demo — three local backends, Watch health checks, round-robin,");
+    println!("next to tonic's Channel::balance_list over the same backends\n");
     for b in backends.iter() {
         println!("  {} = {}", b.name(), b.uri());
     }
@@ -54,7 +73,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 1. All serving.
     let split = calls(&mut client, 60).await;
-    table("1. all serving", &names, &split, &[]);
+    let theirs = calls(&mut tonic, 60).await;
+    table("1. all serving", &names, &split, &theirs, &[]);
+    check(&split, &[20, 20, 20])?;
 
     // 2. b1 says NOT_SERVING. A caller runs all along; when did b1 get its last call?
     let caller = Background::start(client.clone());
@@ -88,18 +109,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let failed = after_flip.iter().filter(|c| c.backend.is_none()).count();
     let split = calls(&mut client, 60).await;
+    let theirs = calls(&mut tonic, 60).await;
     table(
         "2. b1 NOT_SERVING",
         &names,
         &split,
+        &theirs,
         &[
-            format!("{reaction}; {last}"),
+            format!("kit: {reaction}; {last}"),
             format!(
-                "a sequential caller made {} calls across the flip, {failed} failed",
+                "kit: a sequential caller made {} calls across the flip, {failed} failed",
                 after_flip.len()
             ),
+            "balance_list: b1 keeps its full share (tonic does not read health)".to_owned(),
         ],
     );
+    check(&split, &[30, 0, 30])?;
 
     // 3. b1 is back; b2 is stopped abruptly (every connection reset, port closed).
     backends[1].set_serving(true).await;
@@ -114,6 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let around: Vec<_> = log.iter().filter(|c| c.sent >= stop).collect();
     let failed: Vec<_> = around.iter().filter(|c| c.backend.is_none()).collect();
     let split = calls(&mut client, 60).await;
+    let theirs = calls(&mut tonic, 60).await;
     let why = kit
         .card(&backends[2].uri())
         .and_then(|c| c.eligibility().err())
@@ -121,19 +147,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_default();
     let mut notes = vec![
         format!(
-            "a sequential caller made {} calls across the stop, {} failed",
+            "kit: a sequential caller made {} calls across the stop, {} failed",
             around.len(),
             failed.len()
         ),
-        format!("the kit's view: {why}"),
+        format!("kit: its view of b2: {why}"),
     ];
     notes.extend(
         failed
             .iter()
             .take(3)
-            .map(|c| format!("failed: {}", c.error)),
+            .map(|c| format!("kit: failed: {}", c.error)),
     );
-    table("3. b2 stopped abruptly", &names, &split, &notes);
+    // balance_list does not learn: a second later, the same share of calls fails again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = calls(&mut tonic, 60).await;
+    notes.push(format!(
+        "balance_list: a second later, {} of 60 calls failed again",
+        again.failed
+    ));
+    if let Some(error) = &theirs.first_error {
+        notes.push(format!("balance_list: failed: {error}  (which backend?)"));
+    }
+    table("3. b2 stopped abruptly", &names, &split, &theirs, &notes);
+    check(&split, &[30, 30, 0])?;
 
     // 4. b2 restarted, then every backend says NOT_SERVING.
     backends[2].restart().await?;
@@ -142,15 +179,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         b.set_serving(false).await;
     }
     wait_eligible(&kit, 0).await;
-    let status = client
-        .unary(Ping::default())
-        .await
-        .expect_err("nothing is serving");
-    println!("\n4. all NOT_SERVING — the client sees:");
+    let status = match client.unary(Ping::default()).await {
+        Ok(reply) => return Err(format!("nothing serves, yet the kit got {reply:?}").into()),
+        Err(status) => status,
+    };
+    println!("\n4. all NOT_SERVING — the kit's client sees:");
     println!("   code:    {:?}", status.code());
     println!(
         "   message: {}",
         status.message().replace("; ", ";\n            ")
+    );
+    let theirs = calls(&mut tonic, 60).await;
+    println!(
+        "   balance_list: {} of 60 calls answered, by backends that all say NOT_SERVING",
+        60 - theirs.failed
     );
 
     // 5. Recovery.
@@ -159,35 +201,87 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     wait_eligible(&kit, 3).await;
     let split = calls(&mut client, 60).await;
-    table("5. all serving again", &names, &split, &[]);
+    let theirs = calls(&mut tonic, 60).await;
+    table("5. all serving again", &names, &split, &theirs, &[]);
+    check(&split, &[20, 20, 20])?;
 
     kit.shutdown().await;
     println!("\ndone in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
-/// Makes `n` sequential calls; counts replies by backend, and failures under `"failed"`.
-async fn calls(client: &mut Client, n: usize) -> BTreeMap<String, usize> {
-    let mut seen = BTreeMap::new();
-    for _ in 0..n {
-        let key = match client.unary(Ping::default()).await {
-            Ok(reply) => reply.into_inner().backend,
-            Err(_) => "failed".to_owned(),
-        };
-        *seen.entry(key).or_insert(0) += 1;
-    }
-    seen
+/// What `n` sequential calls did: replies by backend, failures, the first error.
+#[derive(Debug, Default)]
+struct Split {
+    by_backend: BTreeMap<String, usize>,
+    failed: usize,
+    first_error: Option<String>,
 }
 
-fn table(phase: &str, names: &[String], split: &BTreeMap<String, usize>, notes: &[String]) {
+/// Makes `n` sequential calls with `client` (the kit's or tonic's).
+async fn calls<T>(client: &mut TestServiceClient<T>, n: usize) -> Split
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let mut split = Split::default();
+    for _ in 0..n {
+        match client.unary(Ping::default()).await {
+            Ok(reply) => {
+                *split
+                    .by_backend
+                    .entry(reply.into_inner().backend)
+                    .or_insert(0) += 1
+            }
+            Err(status) => {
+                split.failed += 1;
+                split
+                    .first_error
+                    .get_or_insert_with(|| format!("{:?}: {}", status.code(), status.message()));
+            }
+        }
+    }
+    split
+}
+
+/// Fails unless the kit's calls went to b0, b1, b2 as `want` says, and none failed (the demo
+/// shows what the README says: CI runs it).
+fn check(kit: &Split, want: &[usize; 3]) -> Result<(), String> {
+    let got: Vec<usize> = ["b0", "b1", "b2"]
+        .iter()
+        .map(|b| kit.by_backend.get(*b).copied().unwrap_or(0))
+        .collect();
+    if got == want && kit.failed == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the kit's calls: {got:?} and {} failed, expected {want:?}",
+            kit.failed
+        ))
+    }
+}
+
+/// The phase's calls per backend, the kit's row above tonic's.
+fn table(phase: &str, names: &[String], kit: &Split, tonic: &Split, notes: &[String]) {
     println!("\n{phase}");
-    let mut header = String::from("   ");
-    let mut row = String::from("   ");
+    let mut header = format!("   {:<14}", "");
     for name in names.iter().map(String::as_str).chain(["failed"]) {
         header.push_str(&format!("{name:>8}"));
-        row.push_str(&format!("{:>8}", split.get(name).copied().unwrap_or(0)));
     }
-    println!("{header}\n{row}");
+    println!("{header}");
+    for (client, split) in [("kit", kit), ("balance_list", tonic)] {
+        let mut row = format!("   {client:<14}");
+        for name in names {
+            row.push_str(&format!(
+                "{:>8}",
+                split.by_backend.get(name).copied().unwrap_or(0)
+            ));
+        }
+        row.push_str(&format!("{:>8}", split.failed));
+        println!("{row}");
+    }
     for note in notes {
         println!("   {note}");
     }

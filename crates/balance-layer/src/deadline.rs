@@ -1,6 +1,12 @@
-//! The caller's deadline, read from the request, for wait-for-ready calls.
+//! The caller's deadline, read from the request (and written again when the request is sent
+//! after waiting), for wait-for-ready calls.
 
 use std::time::Duration;
+
+use http::HeaderValue;
+
+/// `grpc-timeout`, as a ready header name.
+static GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// A request that may say how long its caller is prepared to wait.
 ///
@@ -20,11 +26,23 @@ pub trait RequestDeadline {
     fn time_budget(&self) -> Option<Duration> {
         None
     }
+
+    /// Says that the caller is prepared to wait `budget` from now: a call sent after waiting
+    /// (for an eligible endpoint, or to be sent again) carries what is left of its deadline,
+    /// never the whole of it again. The default does nothing (a request with no deadline).
+    fn set_time_budget(&mut self, budget: Duration) {
+        let _ = budget;
+    }
 }
 
 impl<B> RequestDeadline for http::Request<B> {
     fn time_budget(&self) -> Option<Duration> {
-        grpc_timeout(self.headers().get("grpc-timeout")?.as_bytes())
+        grpc_timeout(self.headers().get(&GRPC_TIMEOUT)?.as_bytes())
+    }
+
+    fn set_time_budget(&mut self, budget: Duration) {
+        self.headers_mut()
+            .insert(GRPC_TIMEOUT.clone(), grpc_timeout_value(budget));
     }
 }
 
@@ -32,6 +50,36 @@ impl<T> RequestDeadline for tonic::Request<T> {
     fn time_budget(&self) -> Option<Duration> {
         grpc_timeout(self.metadata().get("grpc-timeout")?.as_bytes())
     }
+
+    fn set_time_budget(&mut self, budget: Duration) {
+        let value = grpc_timeout_value(budget);
+        // The value is ASCII digits and a unit letter: always valid metadata.
+        if let Ok(value) = tonic::metadata::AsciiMetadataValue::try_from(value.as_bytes()) {
+            self.metadata_mut().insert("grpc-timeout", value);
+        }
+    }
+}
+
+/// Writes a `grpc-timeout` value: the finest unit (`n`, `u`, `m`, `S`, `M`, `H`) in which
+/// `budget` fits in 8 digits, rounded down (a deadline sent on never ends later than the
+/// caller's). Saturates at `99999999H`.
+pub(crate) fn grpc_timeout_value(budget: Duration) -> HeaderValue {
+    const MAX: u128 = 99_999_999;
+    let units: [(u128, u8); 6] = [
+        (budget.as_nanos(), b'n'),
+        (budget.as_micros(), b'u'),
+        (budget.as_millis(), b'm'),
+        (u128::from(budget.as_secs()), b'S'),
+        (u128::from(budget.as_secs() / 60), b'M'),
+        (u128::from(budget.as_secs() / 3600), b'H'),
+    ];
+    let (n, unit) = units
+        .into_iter()
+        .find(|(n, _)| *n <= MAX)
+        .unwrap_or((MAX, b'H'));
+    let mut text = n.to_string().into_bytes();
+    text.push(unit);
+    HeaderValue::from_bytes(&text).expect("digits and a unit letter are a valid header value")
 }
 
 /// Parses a `grpc-timeout` value: at most 8 ASCII digits and a unit (`H`, `M`, `S`, `m`,
@@ -72,6 +120,42 @@ mod tests {
         for bad in [&b""[..], b"S", b"123456789S", b"12x", b"-1S", b"1.5S"] {
             assert_eq!(grpc_timeout(bad), None, "{:?}", std::str::from_utf8(bad));
         }
+    }
+
+    #[test]
+    fn a_written_budget_reads_back_rounded_down_to_its_unit() {
+        let cases = [
+            (Duration::from_nanos(7), "7n"),
+            (Duration::from_millis(250), "250000u"),
+            (Duration::from_millis(999), "999000u"),
+            (Duration::from_secs(2), "2000000u"),
+            (Duration::from_micros(100_000_001), "100000m"),
+            (Duration::from_secs(100_000_000), "1666666M"),
+            (Duration::from_secs(99_999_999 * 60 * 60), "99999999H"),
+            (Duration::MAX, "99999999H"),
+            (Duration::ZERO, "0n"),
+        ];
+        for (budget, text) in cases {
+            let value = grpc_timeout_value(budget);
+            assert_eq!(value, text, "{budget:?}");
+            let back = grpc_timeout(value.as_bytes()).unwrap();
+            assert!(back <= budget, "{budget:?} read back as {back:?}");
+        }
+    }
+
+    #[test]
+    fn requests_sent_again_carry_the_budget_left() {
+        let mut http = http::Request::builder()
+            .header("grpc-timeout", "1S")
+            .body(())
+            .unwrap();
+        http.set_time_budget(Duration::from_millis(300));
+        assert_eq!(http.headers()["grpc-timeout"], "300000u");
+        assert_eq!(http.time_budget(), Some(Duration::from_millis(300)));
+        let mut req = tonic::Request::new(());
+        req.set_timeout(Duration::from_secs(1));
+        req.set_time_budget(Duration::from_millis(300));
+        assert_eq!(req.time_budget(), Some(Duration::from_millis(300)));
     }
 
     #[test]

@@ -122,7 +122,7 @@ where
         let mut timer_fired = false;
         loop {
             if self.shared.closed.load(Ordering::Acquire) {
-                tracing::debug!("balance: last handle dropped; discovery stops");
+                tracing::debug!("last handle dropped; discovery stops");
                 return Poll::Ready(());
             }
             let mut dirty = timer_fired | self.shared.dirty.swap(false, Ordering::AcqRel);
@@ -165,12 +165,12 @@ where
                 }
                 Poll::Ready(Some(Err(error))) => {
                     let error: BoxError = error.into();
-                    tracing::warn!(%error, "balance: discovery failed; keeping the endpoints it found");
+                    tracing::warn!(%error, "discovery failed; keeping the endpoints it found");
                     self.discovery = Discovery::Failed(error.to_string().into());
                     changed = true;
                 }
                 Poll::Ready(None) => {
-                    tracing::debug!("balance: discovery ended; keeping the endpoints it found");
+                    tracing::debug!("discovery ended; keeping the endpoints it found");
                     self.discovery = Discovery::Ended;
                     changed = true;
                 }
@@ -213,14 +213,14 @@ where
             });
             handle
         });
-        tracing::debug!(target = %endpoint.name, carded = watch.is_some(), "balance: endpoint inserted");
+        tracing::debug!(backend = %endpoint.name, carded = watch.is_some(), "endpoint inserted");
         self.order.push(endpoint.clone());
         self.entries.insert(key, Entry { endpoint, watch });
     }
 
     fn remove(&mut self, key: &D::Key) {
         if let Some(old) = self.entries.remove(key) {
-            tracing::debug!(target = %old.endpoint.name, "balance: endpoint removed");
+            tracing::debug!(backend = %old.endpoint.name, "endpoint removed");
             self.retire(old);
         }
     }
@@ -347,6 +347,8 @@ where
             if let Some(card) = &endpoint.card {
                 // Lines that reopen with time alone: wake then.
                 let quarantine = card.quarantine_state().until.filter(|u| *u > now);
+                // (A half-open breaker with every permit taken reopens when a permit is given
+                // back: a change of its card, which wakes this task.)
                 let breaker = match card.breaker_state() {
                     BreakerState::Open { until } if until > now => Some(until),
                     _ => None,
@@ -393,22 +395,22 @@ where
             || ignoring_passive != previous.ignoring_passive
         {
             if picks.is_empty() {
-                tracing::info!(targets = self.order.len(), "balance: no eligible endpoint");
+                tracing::info!(targets = self.order.len(), "no eligible endpoint");
             } else if ignoring_passive {
                 tracing::info!(
                     admitted = picks.len(),
-                    "balance: every endpoint that health admits is quarantined or its breaker \
+                    "every endpoint that health admits is quarantined or its breaker \
                      open; ignoring them (passive signals never empty the choice)"
                 );
             } else {
-                tracing::info!(eligible = picks.len(), "balance: eligible endpoints again");
+                tracing::info!(eligible = picks.len(), "eligible endpoints again");
             }
         }
         tracing::trace!(
             generation,
             eligible = picks.len(),
             targets = self.order.len(),
-            "balance: eligible set rebuilt"
+            "eligible set rebuilt"
         );
         drop(previous);
         self.shared.snapshot.store(Arc::new(Snapshot {
@@ -419,6 +421,7 @@ where
             alias,
             all: self.order.clone().into_boxed_slice(),
             discovery: self.discovery.clone(),
+            recheck_from: Default::default(),
         }));
         self.shared.generation.store(generation, Ordering::Release);
         self.shared.changed.notify_waiters();

@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use crate::BalanceConfig;
 use crate::deadline::RequestDeadline;
 use crate::error::BoxError;
 use crate::picker::{Picked, Picker, Reserved, Taken};
@@ -125,6 +126,10 @@ struct Waiter<K, S, Req> {
     deadline: Option<Pin<Box<Sleep>>>,
     /// Whether the deadline is the request's own (rather than `max_wait`).
     caller_deadline: bool,
+    /// The request's own budget, if it carried one: the request goes on with what is left.
+    budget: Option<Duration>,
+    /// Writes what is left of the budget into the request.
+    set_budget: fn(&mut Req, Duration),
     started: Instant,
     wait: Wait,
 }
@@ -191,7 +196,12 @@ where
         let started = Instant::now();
         let budget = req.time_budget();
         let cap = match wait {
-            Wait::ForReady => shared.settings.max_wait,
+            // Without a cap, a call's own deadline bounds its wait; a call without one
+            // waits the default bound, never forever.
+            Wait::ForReady => match (shared.settings.max_wait, budget) {
+                (None, None) => Some(BalanceConfig::DEFAULT_MAX_WAIT),
+                (cap, _) => cap,
+            },
             Wait::Connecting => Some(shared.settings.connecting_wait),
         };
         let (limit, caller_deadline) = match (budget, cap) {
@@ -201,7 +211,7 @@ where
         };
         // A limit too far to represent ends in the far future: no limit in practice.
         let deadline = limit.map(|d| Box::pin(tokio::time::sleep_until(time::after(d))));
-        tracing::debug!(limit = ?limit, ?wait, "balance: nothing eligible; waiting");
+        tracing::debug!(limit = ?limit, ?wait, "nothing eligible; waiting");
         ResponseFuture {
             state: State::Waiting {
                 waiter: Box::new(Waiter {
@@ -210,6 +220,8 @@ where
                     req: Some(req),
                     deadline,
                     caller_deadline,
+                    budget,
+                    set_budget: <Req as RequestDeadline>::set_time_budget,
                     started,
                     wait,
                 }),
@@ -246,12 +258,18 @@ where
                     let Taken::Endpoint(reserved) = waiter.picker.take() else {
                         unreachable!("poll_endpoint returned Ready(Ok) with an endpoint reserved");
                     };
-                    let req = waiter.req.take().expect("request taken once");
+                    let mut req = waiter.req.take().expect("request taken once");
+                    if let Some(budget) = waiter.budget {
+                        // The wait spent part of the caller's deadline: the request carries
+                        // what is left, not the whole of it again.
+                        let left = budget.saturating_sub(waiter.started.elapsed());
+                        (waiter.set_budget)(&mut req, left);
+                    }
                     let shared = waiter.picker.shared.clone();
                     tracing::debug!(
-                        target = %reserved.endpoint.name,
+                        backend = %reserved.endpoint.name,
                         waited = ?waiter.started.elapsed(),
-                        "balance: an endpoint became eligible; the waiting call proceeds"
+                        "an endpoint became eligible; the waiting call proceeds"
                     );
                     let next = Self::call_state(&shared, reserved, req);
                     this.state.set(next);
@@ -278,7 +296,7 @@ impl<K, S, Req> Waiter<K, S, Req> {
                             // Every target has a verdict now, and none admits the call.
                             let error =
                                 snapshot.no_healthy_targets(Some(self.started.elapsed()), false);
-                            tracing::debug!(%error, "balance: targets connected; none eligible");
+                            tracing::debug!(%error, "targets connected; none eligible");
                             return Poll::Ready(Err(error.into()));
                         }
                     }
@@ -299,7 +317,7 @@ impl<K, S, Req> Waiter<K, S, Req> {
                     .snapshot
                     .load()
                     .no_healthy_targets(Some(waited), self.caller_deadline);
-                tracing::debug!(%error, "balance: wait for ready ran out");
+                tracing::debug!(%error, "wait for ready ran out");
                 return Poll::Ready(Err(error.into()));
             }
             return Poll::Pending;

@@ -11,7 +11,7 @@ use tokio::sync::futures::OwnedNotified;
 use tower_service::Service;
 
 use crate::error::BoxError;
-use crate::shared::{Endpoint, Shared};
+use crate::shared::{Endpoint, Shared, Snapshot};
 
 /// How many endpoints one `poll_ready` tries before it waits (on every one it tried that was
 /// eligible but not ready, and on the next change of the eligible set).
@@ -72,6 +72,9 @@ pub(crate) struct Picker<K, S> {
     listener: Option<Pin<Box<OwnedNotified>>>,
     /// The generation of the snapshot the last decision was made on.
     pub(crate) seen: u64,
+    /// An endpoint this clone picks only when no other is eligible (a call sent again after
+    /// that endpoint did not take it).
+    avoid: Option<Arc<str>>,
 }
 
 impl<K, S> Picker<K, S> {
@@ -83,6 +86,36 @@ impl<K, S> Picker<K, S> {
             waiting: Vec::new(),
             listener: None,
             seen: 0,
+            avoid: None,
+        }
+    }
+
+    /// From now on, picks the endpoint named `target` only when no other is eligible. An
+    /// endpoint reserved already is let go if it is that one.
+    pub(crate) fn avoid(&mut self, target: Arc<str>) {
+        if let Slot::Ready(reserved) = &self.slot
+            && reserved.endpoint.name == target
+        {
+            self.slot = Slot::Empty;
+        }
+        self.avoid = Some(target);
+    }
+
+    /// The names of the endpoints this clone has chosen and waits on to become ready.
+    pub(crate) fn waiting_for(&self) -> Vec<Arc<str>> {
+        self.waiting
+            .iter()
+            .map(|r| r.endpoint.name.clone())
+            .collect()
+    }
+
+    /// The strategy's choice, moved on to the next endpoint when it is the one to avoid.
+    fn choose(&mut self, snap: &Snapshot<K, S>) -> usize {
+        let n = snap.picks.len();
+        let i = self.shared.choose(snap, &mut self.rng);
+        match &self.avoid {
+            Some(avoid) if n > 1 && snap.picks[i].name == *avoid => (i + 1) % n,
+            _ => i,
         }
     }
 
@@ -133,9 +166,9 @@ impl<K, S> Picker<K, S> {
     fn fail(&self, endpoint: &Endpoint<K, S>, error: BoxError) {
         if endpoint.mark_failed(&error.to_string()) {
             tracing::warn!(
-                target = %endpoint.name,
+                backend = %endpoint.name,
                 %error,
-                "balance: endpoint failed poll_ready; out of rotation until discovery inserts it again"
+                "endpoint failed poll_ready; out of rotation until discovery inserts it again"
             );
         }
         self.shared.kick();
@@ -150,7 +183,7 @@ impl<K, S> Picker<K, S> {
         let mut i = 0;
         while i < self.waiting.len() {
             let reserved = &mut self.waiting[i];
-            if !reserved.endpoint.admits(reserved.ignoring_passive) {
+            if !reserved.endpoint.still_admits(reserved.ignoring_passive) {
                 self.waiting.swap_remove(i);
                 continue;
             }
@@ -177,8 +210,9 @@ impl<K, S> Picker<K, S> {
         loop {
             match std::mem::replace(&mut self.slot, Slot::Empty) {
                 Slot::Ready(reserved) => {
-                    // Asked again: still ours if its card still admits it.
-                    if reserved.endpoint.admits(reserved.ignoring_passive) {
+                    // Asked again: still ours if its card still admits it (a busy half-open
+                    // breaker may be busy with this very reservation's permit).
+                    if reserved.endpoint.still_admits(reserved.ignoring_passive) {
                         return self.settle(Slot::Ready(reserved), Picked::Endpoint);
                     }
                 }
@@ -213,7 +247,7 @@ impl<K, S> Picker<K, S> {
 
             let mut stale = false;
             for _ in 0..n.min(ATTEMPTS) {
-                let endpoint = &snap.picks[self.shared.choose(&snap, &mut self.rng)];
+                let endpoint = &snap.picks[self.choose(&snap)];
                 if !endpoint.admits(snap.ignoring_passive) {
                     // Its card changed since the snapshot was built.
                     stale = true;

@@ -112,6 +112,20 @@ impl<D: Discover, Req> Balance<D, Req> {
         Arc::clone(&self.picker.shared.changed).notified_owned()
     }
 
+    /// From now on, this handle picks the endpoint named `target` only when no other endpoint
+    /// is eligible — for a call sent again after `target` did not take it, which should land
+    /// elsewhere whenever it can. A clone does not inherit it.
+    pub fn avoid(&mut self, target: impl Into<Arc<str>>) {
+        self.picker.avoid(target.into());
+    }
+
+    /// The endpoints this handle has chosen and is waiting on, because each is eligible but its
+    /// service is not ready yet (`poll_ready` returned `Pending`): empty when it is not waiting
+    /// on any.
+    pub fn waiting_for(&self) -> Vec<Arc<str>> {
+        self.picker.waiting_for()
+    }
+
     /// How many calls are in flight on the endpoint named `target` (counted by the
     /// least-loaded strategies only; `None` for an unknown target).
     pub fn in_flight(&self, target: &str) -> Option<usize> {
@@ -191,5 +205,131 @@ where
             ),
             Taken::NotReady => panic!("Balance::call called before poll_ready returned Ready"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::future::{Ready, ready};
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use tokio_stream::wrappers::ReceiverStream;
+    use tower::ServiceExt;
+    use tower::discover::Change;
+
+    use super::*;
+    use crate::config::Strategy;
+    use crate::{NoCard, WithoutCards};
+
+    type Req = http::Request<()>;
+
+    /// An endpoint that answers its name and the `grpc-timeout` its request carried.
+    #[derive(Clone)]
+    struct Named(Arc<str>);
+
+    impl Service<Req> for Named {
+        type Response = (Arc<str>, Option<Duration>);
+        type Error = Infallible;
+        type Future = Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: Req) -> Self::Future {
+            ready(Ok((self.0.clone(), req.time_budget())))
+        }
+    }
+
+    type Changes = (
+        tokio::sync::mpsc::Sender<Change<String, NoCard<Named>>>,
+        Balance<WithoutCards<ChangeStream>, Req>,
+    );
+    type ChangeStream = futures_util::stream::Map<
+        ReceiverStream<Change<String, NoCard<Named>>>,
+        fn(Change<String, NoCard<Named>>) -> Result<Change<String, NoCard<Named>>, Infallible>,
+    >;
+
+    fn balancer(config: BalanceConfig) -> Changes {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let changes: ChangeStream = ReceiverStream::new(rx).map(Ok as fn(_) -> _);
+        (
+            tx,
+            Balance::new(WithoutCards::new(changes), config).unwrap(),
+        )
+    }
+
+    async fn insert(tx: &tokio::sync::mpsc::Sender<Change<String, NoCard<Named>>>, name: &str) {
+        let svc = NoCard::new(Named(Arc::from(name)));
+        tx.send(Change::Insert(name.to_owned(), svc)).await.unwrap();
+    }
+
+    /// Lets the balancer's task take in what was sent (paused clock: no time passes).
+    async fn settle<D: Discover, R>(balance: &Balance<D, R>, n: usize) {
+        for _ in 0..1000 {
+            if balance.targets().len() == n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the balancer did not take in {n} endpoints");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_avoided_endpoint_is_picked_only_when_no_other_is_eligible() {
+        for strategy in [
+            Strategy::RoundRobin,
+            Strategy::Random,
+            Strategy::LeastInFlight,
+        ] {
+            let (tx, mut balance) = balancer(BalanceConfig::new().strategy(strategy).seed(7));
+            for name in ["a", "b", "c"] {
+                insert(&tx, name).await;
+            }
+            settle(&balance, 3).await;
+            balance.avoid("b");
+            for _ in 0..100 {
+                let (name, _) = balance
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(Req::default())
+                    .await
+                    .unwrap();
+                assert_ne!(&*name, "b");
+            }
+            // Alone, it is picked after all.
+            tx.send(Change::Remove("a".into())).await.unwrap();
+            tx.send(Change::Remove("c".into())).await.unwrap();
+            settle(&balance, 1).await;
+            let (name, _) = balance
+                .ready()
+                .await
+                .unwrap()
+                .call(Req::default())
+                .await
+                .unwrap();
+            assert_eq!(&*name, "b");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_waited_for_an_endpoint_carries_the_budget_left() {
+        let (tx, mut balance) = balancer(BalanceConfig::new().wait_for_ready(true));
+        settle(&balance, 0).await;
+        let req = http::Request::builder()
+            .header("grpc-timeout", "1S")
+            .body(())
+            .unwrap();
+        let call = balance.ready().await.unwrap().call(req);
+        let call = tokio::spawn(call);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        insert(&tx, "late").await;
+        let (name, budget) = call.await.unwrap().unwrap();
+        assert_eq!(&*name, "late");
+        // The call waited 400 ms of its second: it goes on with what is left.
+        assert_eq!(budget, Some(Duration::from_millis(600)));
     }
 }

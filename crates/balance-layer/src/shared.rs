@@ -8,14 +8,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use endpoint_state::rng::{self, Rng};
 use endpoint_state::sync::lock;
-use endpoint_state::{EndpointCard, HealthVerdict, Peers};
+use endpoint_state::{BreakerState, EndpointCard, HealthVerdict, LineKind, Peers};
 use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::alias::Alias;
 use crate::config::{BalanceConfig, Strategy, Weights};
-use crate::error::{NoHealthyTargets, Skip, SkippedTarget};
+use crate::error::{LISTED, NoHealthyTargets, Skip, SkippedTarget};
 
 /// The validated configuration, in the shape the request path reads it.
 #[derive(Debug)]
@@ -298,13 +298,19 @@ impl<K, S> Endpoint<K, S> {
         }
     }
 
-    /// Whether the card's own rule admits the endpoint now (eligible, or degraded because no
-    /// peer is eligible). O(peers) on the slow path: not for the request path.
-    pub(crate) fn admitted_by_rule(&self) -> bool {
-        if self.state.load(Ordering::Acquire) != LIVE {
-            return false;
+    /// Whether an endpoint reserved with a ready service is still ours: as
+    /// [`admits`](Self::admits), except that a half-open breaker whose every probe permit is
+    /// taken does not count against it — the permit taken may be the one its ready service
+    /// holds (a breaker admits a call only with a permit in hand).
+    pub(crate) fn still_admits(&self, ignoring_passive: bool) -> bool {
+        if self.admits(ignoring_passive) {
+            return true;
         }
-        self.card.as_ref().is_none_or(|c| c.admission().admits())
+        self.state.load(Ordering::Acquire) == LIVE
+            && self.card.as_ref().is_some_and(|card| {
+                card.breaker_state() == BreakerState::HalfOpen { busy: true }
+                    && card.is_eligible_ignoring(&[LineKind::Breaker])
+            })
     }
 
     /// Whether the endpoint's card has no health verdict yet (a checker's first probe is
@@ -423,6 +429,9 @@ pub(crate) struct Snapshot<K, S> {
     /// Every endpoint, in discovery order.
     pub(crate) all: Box<[Arc<Endpoint<K, S>>]>,
     pub(crate) discovery: Discovery,
+    /// Where the next [`any_admits_now`](Self::any_admits_now) starts reading, when there are
+    /// more endpoints than it reads.
+    pub(crate) recheck_from: AtomicUsize,
 }
 
 impl<K, S> Snapshot<K, S> {
@@ -435,28 +444,73 @@ impl<K, S> Snapshot<K, S> {
             alias: None,
             all: Box::new([]),
             discovery: Discovery::Running,
+            recheck_from: AtomicUsize::new(0),
         }
     }
 
     /// Whether any endpoint would be admitted right now, looking past this snapshot (which
-    /// may be a moment stale). O(n): only on the path that is about to report failure.
+    /// may be a moment stale: the driver rebuilds it on every card change). Only on the path
+    /// that is about to report failure, and bounded: it reads at most [`RECHECK`] endpoints
+    /// (all of them when there are no more; otherwise the next ones in turn, each rejected call
+    /// looking further on), plus, for an endpoint that passive signals alone shut, whether its
+    /// peer set has an eligible member (once per set).
     pub(crate) fn any_admits_now(&self) -> bool {
-        self.all.iter().any(|e| e.admitted_by_rule())
+        let n = self.all.len();
+        let (start, count) = if n <= RECHECK {
+            (0, n)
+        } else {
+            (
+                self.recheck_from.fetch_add(RECHECK, Ordering::Relaxed) % n,
+                RECHECK,
+            )
+        };
+        let mut sets: Vec<(Peers, bool)> = Vec::new();
+        (0..count).any(|i| {
+            let endpoint = &self.all[(start + i) % n];
+            if endpoint.admits(false) {
+                return true;
+            }
+            // The rule of `endpoint_state::peers`: shut by passive signals alone, and no
+            // member of its peer set eligible.
+            let Some(card) = endpoint.card.as_ref().filter(|_| endpoint.state() == LIVE) else {
+                return false;
+            };
+            if !card.passively_blocked() {
+                return false;
+            }
+            let Some(peers) = card.peers() else {
+                return false;
+            };
+            match sets.iter().find(|(p, _)| p.same_set(&peers)) {
+                Some((_, ignores)) => *ignores,
+                None => {
+                    let ignores = peers.ignores_passive_signals();
+                    sets.push((peers, ignores));
+                    ignores
+                }
+            }
+        })
     }
 
-    /// The error for a call that found nothing to pick.
+    /// The error for a call that found nothing to pick: the first [`LISTED`] endpoints read,
+    /// the rest counted (the cost of a rejected call does not grow with the number of targets).
     pub(crate) fn no_healthy_targets(
         &self,
         waited: Option<Duration>,
         caller_deadline: bool,
     ) -> NoHealthyTargets {
-        let targets: Vec<SkippedTarget> = self.all.iter().map(|e| e.skip()).collect();
-        let note: Option<Arc<str>> = match (&self.discovery, targets.is_empty()) {
+        let targets: Vec<SkippedTarget> = self.all.iter().take(LISTED).map(|e| e.skip()).collect();
+        let unlisted = self.all.len() - targets.len();
+        let note: Option<Arc<str>> = match (&self.discovery, self.all.is_empty()) {
             (Discovery::Failed(e), _) => Some(format!("discovery failed: {e}").into()),
             (Discovery::Ended, true) => Some("discovery ended without any target".into()),
             (Discovery::Running, true) => Some("no targets discovered yet".into()),
             _ => None,
         };
-        NoHealthyTargets::new(targets, note, waited, caller_deadline)
+        NoHealthyTargets::new(targets, unlisted, note, waited, caller_deadline)
     }
 }
+
+/// How many endpoints a call that found nothing to pick reads to see whether the snapshot
+/// lags the cards (see [`Snapshot::any_admits_now`]).
+const RECHECK: usize = 64;

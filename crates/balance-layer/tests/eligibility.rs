@@ -259,6 +259,29 @@ async fn wait_for_ready_is_capped_by_max_wait() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn without_max_wait_a_call_waits_its_whole_deadline_and_a_call_without_one_20_s() {
+    let eps = carded(1);
+    let config = BalanceConfig::new().wait_for_ready(true);
+    assert_eq!(config.max_wait, None);
+    let mut balance = all_unhealthy(&eps, config).await;
+
+    // A 60 s deadline is honoured to its end, as gRPC's wait-for-ready does: no 20 s cap.
+    let start = Instant::now();
+    let req = Req {
+        budget: Some(Duration::from_secs(60)),
+    };
+    let err = no_healthy(call(&mut balance, req).await.unwrap_err());
+    assert_eq!(start.elapsed(), Duration::from_secs(60));
+    assert_eq!(err.status().code(), tonic::Code::DeadlineExceeded);
+
+    // No deadline: the default bound, never forever.
+    let start = Instant::now();
+    let err = no_healthy(call(&mut balance, Req::default()).await.unwrap_err());
+    assert_eq!(start.elapsed(), BalanceConfig::DEFAULT_MAX_WAIT);
+    assert_eq!(err.status().code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_waiting_call_keeps_discovery_alive_and_sees_new_endpoints() {
     let (tx, discover) = support::channel(4);
     let config = BalanceConfig::new().wait_for_ready(true);
@@ -277,4 +300,37 @@ async fn a_waiting_call_keeps_discovery_alive_and_sees_new_endpoints() {
     .unwrap();
     settle(|| fut.is_woken()).await;
     assert_eq!(&*assert_ready!(fut.poll()).unwrap(), "late");
+}
+
+#[tokio::test]
+async fn a_reservation_survives_its_own_half_open_permit() {
+    // A breaker that goes half-open with every permit taken — as it does when the reserved
+    // service's own readiness took the permit — does not cost the reservation: asked again,
+    // the balancer keeps the endpoint it holds instead of dropping it (and its permit) for
+    // another.
+    let eps = carded(2);
+    let mut balance = Balance::new(list_counted(&eps), BalanceConfig::new()).unwrap();
+    // Let discovery add both and learn which one the next pick is.
+    std::future::poll_fn(|cx| balance.poll_ready(cx))
+        .await
+        .unwrap();
+    let first = call(&mut balance, Req::default()).await.unwrap();
+    let next = if &*first == "b0" { 1 } else { 0 };
+
+    std::future::poll_fn(|cx| balance.poll_ready(cx))
+        .await
+        .unwrap();
+    eps[next]
+        .card()
+        .set_breaker(BreakerState::HalfOpen { busy: true }, None);
+    // Asked again before the call: still the same endpoint.
+    std::future::poll_fn(|cx| balance.poll_ready(cx))
+        .await
+        .unwrap();
+    let got = balance.call(Req::default()).await.unwrap();
+    assert_eq!(&*got, &*format!("b{next}"));
+
+    // Another endpoint's busy half-open breaker does shut it out of new picks.
+    let picks = support::calls(&mut balance, 4).await;
+    assert_eq!(tally(picks).get(&format!("b{next}")), None);
 }

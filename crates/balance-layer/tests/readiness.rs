@@ -141,21 +141,40 @@ async fn the_second_candidate_becoming_ready_wakes_too() {
     nothing_ready_until(1).await;
 }
 
-/// An always-ready endpoint that counts how often it is polled ready and how many clones of
-/// it hold a reservation (a permit taken in `poll_ready`, released by `call` or drop).
+/// An always-ready endpoint that counts, for itself alone, how often it is polled ready, how
+/// many of its clones hold a reservation (a permit taken in `poll_ready`, released by `call` or
+/// drop), and how many calls it took; it answers with its own name.
 #[derive(Debug)]
 struct Permits {
-    polls: Arc<AtomicUsize>,
-    held: Arc<AtomicUsize>,
+    name: Arc<str>,
+    polls: Counter,
+    held: Counter,
+    calls: Counter,
     holding: bool,
     card: EndpointCard,
+}
+
+impl Permits {
+    fn polls(&self) -> usize {
+        self.polls.load(Ordering::SeqCst)
+    }
+
+    fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
 }
 
 impl Clone for Permits {
     fn clone(&self) -> Self {
         Permits {
+            name: self.name.clone(),
             polls: self.polls.clone(),
             held: self.held.clone(),
+            calls: self.calls.clone(),
             holding: false,
             card: self.card.clone(),
         }
@@ -177,9 +196,9 @@ impl HasCard for Permits {
 }
 
 impl Service<Req> for Permits {
-    type Response = ();
+    type Response = Arc<str>;
     type Error = Infallible;
-    type Future = Ready<Result<(), Infallible>>;
+    type Future = Ready<Result<Arc<str>, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.polls.fetch_add(1, Ordering::SeqCst);
@@ -194,81 +213,88 @@ impl Service<Req> for Permits {
         assert!(self.holding, "called without a permit");
         self.holding = false;
         self.held.fetch_sub(1, Ordering::SeqCst);
-        ready(Ok(()))
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        ready(Ok(self.name.clone()))
     }
 }
 
-fn permits(n: usize) -> (Named<Permits>, Counter, Counter) {
-    let (polls, held) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let eps = (0..n)
+/// `n` endpoints `p0`..: each with its own counters.
+fn permits(n: usize) -> Named<Permits> {
+    (0..n)
         .map(|i| {
             let name: Arc<str> = format!("p{i}").into();
             let svc = Permits {
-                polls: polls.clone(),
-                held: held.clone(),
+                name: name.clone(),
+                polls: Counter::default(),
+                held: Counter::default(),
+                calls: Counter::default(),
                 holding: false,
                 card: EndpointCard::new(name.clone()),
             };
             (name, svc)
         })
-        .collect();
-    (eps, polls, held)
+        .collect()
+}
+
+/// Per endpoint, in order: (polls, reservations held, calls taken).
+fn counts(eps: &Named<Permits>) -> Vec<(usize, usize, usize)> {
+    eps.iter()
+        .map(|(_, e)| (e.polls(), e.held(), e.calls()))
+        .collect()
 }
 
 #[tokio::test]
 async fn a_clone_reserves_at_most_one_endpoint_and_call_uses_it() {
-    let (eps, polls, held) = permits(3);
+    let eps = permits(3);
     let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
     let mut t = task::spawn(());
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
-    assert_eq!(
-        held.load(Ordering::SeqCst),
-        1,
-        "one reservation, however often polled"
-    );
-    assert_eq!(polls.load(Ordering::SeqCst), 1, "no second endpoint polled");
-    balance.call(Req::default()).await.unwrap();
-    assert_eq!(held.load(Ordering::SeqCst), 0, "call used the reservation");
+    // Round-robin starts at p0: polled once and reserved, however often the clone is asked;
+    // no other endpoint touched.
+    assert_eq!(counts(&eps), [(1, 1, 0), (0, 0, 0), (0, 0, 0)]);
+    let reply = balance.call(Req::default()).await.unwrap();
+    assert_eq!(&*reply, "p0", "the call goes to the endpoint reserved");
+    assert_eq!(counts(&eps), [(1, 0, 1), (0, 0, 0), (0, 0, 0)]);
 
-    // Two clones: one reservation each.
+    // Two clones: one reservation each, on the next two endpoints.
     let mut other = balance.clone();
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
     assert_ready_ok!(t.enter(|cx, _| other.poll_ready(cx)));
-    assert_eq!(held.load(Ordering::SeqCst), 2);
+    assert_eq!(counts(&eps), [(1, 0, 1), (1, 1, 0), (1, 1, 0)]);
     drop(other);
     assert_eq!(
-        held.load(Ordering::SeqCst),
-        1,
-        "dropping a ready clone releases its reservation"
+        counts(&eps),
+        [(1, 0, 1), (1, 1, 0), (1, 0, 0)],
+        "dropping a ready clone releases its own reservation, and only that"
     );
+    assert_eq!(&*balance.call(Req::default()).await.unwrap(), "p1");
     drop(balance);
-    assert_eq!(held.load(Ordering::SeqCst), 0);
+    assert!(eps.iter().all(|(_, e)| e.held() == 0));
 }
 
 #[tokio::test]
 async fn a_reservation_is_given_up_when_its_endpoint_turns_ineligible() {
-    let (eps, _polls, held) = permits(2);
+    let eps = permits(2);
     let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
     let mut t = task::spawn(());
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
     // Round-robin starts at p0.
+    assert_eq!(counts(&eps), [(1, 1, 0), (0, 0, 0)]);
     eps[0].1.card.set_health(HealthVerdict::Unhealthy, None);
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
-    assert_eq!(held.load(Ordering::SeqCst), 1);
-    balance.call(Req::default()).await.unwrap();
-    assert_eq!(
-        eps[0].1.polls.load(Ordering::SeqCst),
-        2,
-        "p0 once, then p1 once"
-    );
+    // p0's reservation is given back and p1 reserved instead; p0 is not asked again.
+    assert_eq!(counts(&eps), [(1, 0, 0), (1, 1, 0)]);
+    let reply = balance.call(Req::default()).await.unwrap();
+    assert_eq!(&*reply, "p1", "the call goes to the eligible endpoint");
+    assert_eq!(counts(&eps), [(1, 0, 0), (1, 0, 1)]);
 }
 
 #[tokio::test]
 #[should_panic(expected = "before poll_ready")]
 async fn a_clone_starts_unready() {
-    let (eps, _, _) = permits(1);
+    let eps = permits(1);
     let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
     let mut t = task::spawn(());
     assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
@@ -278,7 +304,7 @@ async fn a_clone_starts_unready() {
 
 #[tokio::test]
 async fn poll_ready_never_fails_when_nothing_is_eligible() {
-    let (eps, _, held) = permits(2);
+    let eps = permits(2);
     for (_, e) in &eps {
         e.card.set_health(HealthVerdict::Unhealthy, None);
     }
@@ -288,7 +314,11 @@ async fn poll_ready_never_fails_when_nothing_is_eligible() {
     for _ in 0..3 {
         assert_ready_ok!(t.enter(|cx, _| balance.poll_ready(cx)));
     }
-    assert_eq!(held.load(Ordering::SeqCst), 0, "nothing reserved");
+    assert_eq!(
+        counts(&eps),
+        [(0, 0, 0), (0, 0, 0)],
+        "nothing polled, nothing reserved"
+    );
     let err = balance.call(Req::default()).await.unwrap_err();
     assert!(err.is::<NoHealthyTargets>());
 }
@@ -344,4 +374,32 @@ async fn no_worker_hop_the_call_completes_on_its_first_poll() {
         assert!(fut.as_mut().poll(cx).is_ready());
     }
     assert!(eps.iter().all(|e| e.hits() == 3));
+}
+
+#[tokio::test]
+async fn a_rejected_call_reads_a_bounded_number_of_cards_and_says_a_bounded_amount() {
+    // 10,000 targets, each unhealthy for a long reason.
+    let eps = permits(10_000);
+    let reason = "NOT_SERVING: the server said so at length; ".repeat(20);
+    for (_, e) in &eps {
+        e.card
+            .set_health(HealthVerdict::Unhealthy, Some(reason.as_str().into()));
+    }
+    let mut balance = Balance::new(list(&eps), BalanceConfig::new()).unwrap();
+    settle(|| balance.targets().len() == 10_000).await;
+    let err = call(&mut balance, Req::default()).await.unwrap_err();
+    let no_healthy = err.downcast_ref::<NoHealthyTargets>().unwrap();
+    // The first targets, each with why; the rest counted, not read.
+    let listed = no_healthy.targets();
+    assert_eq!(listed.len(), 16, "targets read for one rejected call");
+    assert_eq!(no_healthy.unlisted(), 10_000 - 16);
+    assert_eq!(&*listed[0].target, "p0");
+    let message = no_healthy.status().message();
+    assert!(message.len() <= 4_096, "{} bytes", message.len());
+    assert!(
+        message.starts_with("no healthy targets: p0: unhealthy (NOT_SERVING"),
+        "{message}"
+    );
+    assert!(message.contains(" more"), "{message}");
+    assert!(message.len() == no_healthy.to_string().len());
 }

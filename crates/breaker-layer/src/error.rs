@@ -92,7 +92,7 @@ impl fmt::Display for BreakerOpen {
         write!(f, "{}: breaker ", self.target)?;
         match (self.state, self.retry_in) {
             (BreakerState::Open { .. }, Some(d)) => write!(f, "open, retry in {}", Secs(d))?,
-            (BreakerState::HalfOpen, _) => {
+            (BreakerState::HalfOpen { .. }, _) => {
                 f.write_str("half-open, probe calls in flight; retry when they finish")?
             }
             (BreakerState::ForcedOpen, _) => {

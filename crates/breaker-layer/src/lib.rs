@@ -24,7 +24,11 @@
 //! * **half-open**, admits a bounded number of probe calls (default 1): permits are taken in
 //!   `poll_ready`, handed to the call, and given back if the service, the response future or
 //!   the body is dropped before the outcome — a half-open breaker never sticks. Success
-//!   closes the breaker; a failure reopens it for longer.
+//!   closes the breaker; a failure reopens it for longer. Nobody queues for a permit: while
+//!   every permit is taken (a probe that is a long stream holds its permit until its
+//!   trailers) the card says so (`BreakerState::HalfOpen { busy: true }`), the endpoint is not
+//!   eligible, and — like an open breaker, a passive signal — calls go to eligible peers, or
+//!   are admitted anyway when none is.
 //!
 //! What counts as a failure is a [`FailureCodes`](endpoint_state::FailureCodes) set (default
 //! [`breaker_default`](endpoint_state::FailureCodes::breaker_default)); client errors such as
@@ -90,6 +94,7 @@
 //! Under tower's `p2c::Balance` (or our balancer), use the default [`WhenOpen::Wait`]: an open
 //! endpoint is simply not ready, and the balancer sends its calls elsewhere until the probe
 //! lets it back in.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 pub mod error;

@@ -2,6 +2,7 @@
 //! (`failure rate 60% (6 of 10 calls) over the last 10 calls reached 50%`).
 
 use endpoint_state::Outcome;
+use endpoint_state::text;
 use endpoint_state::time::Secs;
 
 use crate::trip::Window;
@@ -29,11 +30,17 @@ pub(crate) fn describe(window: Window) -> String {
     }
 }
 
-/// How a call ended (`UNAVAILABLE: connection refused`).
+/// How a call ended (`UNAVAILABLE: connection refused`), clipped: the status message is the
+/// server's text, of the server's length (the card keeps a bounded reason in any case; this
+/// keeps the words before it from being cut instead).
 pub(crate) fn last_status(outcome: &Outcome) -> String {
-    match outcome {
+    let status = match outcome {
         Outcome::Completed(status) => status.to_string(),
         Outcome::NotProcessed(status) => format!("{status} (not processed)"),
-        Outcome::Abandoned => "abandoned".to_owned(),
-    }
+        Outcome::Abandoned => return "abandoned".to_owned(),
+    };
+    text::clip(&status, LAST_STATUS).into_owned()
 }
+
+/// The most characters of a call's status a reason quotes.
+const LAST_STATUS: usize = 160;

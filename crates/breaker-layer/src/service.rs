@@ -1,6 +1,4 @@
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
@@ -8,7 +6,6 @@ use endpoint_state::{
     BoxError, BreakerState, ClassifiedBody, ConfigError, EndpointCard, HasCard, PassiveCheck,
     PassiveGate, PassiveOpened,
 };
-use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -17,7 +14,7 @@ use crate::error::BreakerOpen;
 use crate::future::{Recorder, ResponseFuture};
 use crate::handle::BreakerHandle;
 use crate::state::{Permit, Shared};
-use crate::word::Mode;
+use crate::word::{Mode, Word};
 
 /// A circuit breaker over one endpoint's service (typically a tonic `Channel`), at the HTTP
 /// level: it reads every call's gRPC outcome and decides admission in `poll_ready`.
@@ -31,7 +28,11 @@ use crate::word::Mode;
 ///   success of such a call closes the breaker.
 /// * **Half-open**: `poll_ready` takes one of the bounded probe permits and holds it; `call`
 ///   hands it to the call, whose outcome decides. A service, response future or body dropped
-///   before the outcome gives its permit back. A service never holds two permits.
+///   before the outcome gives its permit back. A service never holds two permits. While every
+///   permit is taken (a probe that is a long stream holds its permit until its trailers) the
+///   card says so ([`BreakerState::HalfOpen`] `{ busy: true }`): the endpoint is not eligible,
+///   and nobody queues for the permit — like an open breaker, it is a passive signal: calls go
+///   to eligible peers, or are admitted anyway (without a permit) when no peer is eligible.
 ///
 /// `poll_ready` never returns an error of its own: an open breaker is a transient condition,
 /// and tower treats an `Err` from `poll_ready` as final. Errors of the inner service pass
@@ -42,7 +43,6 @@ pub struct Breaker<S> {
     inner: S,
     shared: Arc<Shared>,
     gate: PassiveGate,
-    permit_wait: Option<Pin<Box<OwnedNotified>>>,
     admission: Option<Admission>,
 }
 
@@ -55,8 +55,8 @@ enum Admission {
     Uncounted,
     /// Half-open: pass with this probe permit.
     Probe(Permit),
-    /// Open, but no peer is eligible: pass (passive signals never empty the choice); a
-    /// success closes the breaker.
+    /// Open, or half-open with every permit taken, but no peer is eligible: pass (passive
+    /// signals never empty the choice) without a permit; a success closes the breaker.
     Degraded { generation: u64 },
     /// Fail fast: refuse the call.
     Refuse { state: BreakerState },
@@ -77,7 +77,6 @@ impl<S> Breaker<S> {
             inner,
             gate: PassiveGate::new(shared.card.clone()),
             shared,
-            permit_wait: None,
             admission: None,
         }
     }
@@ -105,8 +104,8 @@ impl<S> Breaker<S> {
     }
 
     /// Decides admission: `Ready` with a decision, or `Pending` with the task's waker on the
-    /// card (every transition), the open period's timer and, while half-open with every
-    /// permit taken, the breaker's permit-release notification.
+    /// card (every transition, and every permit given back while half-open), the open
+    /// period's timer, and the witness peer that takes the calls meanwhile.
     fn admit(&mut self, cx: &mut Context<'_>) -> Poll<Admission> {
         loop {
             let w = self.shared.load();
@@ -119,10 +118,9 @@ impl<S> Breaker<S> {
                 Mode::Disabled => return Poll::Ready(Admission::Uncounted),
                 Mode::HalfOpen => {
                     if let Some(permit) = self.shared.try_take_permit(w) {
-                        self.permit_wait = None;
                         return Poll::Ready(Admission::Probe(permit));
                     }
-                    BreakerState::HalfOpen
+                    BreakerState::HalfOpen { busy: true }
                 }
                 Mode::Open => {
                     let until = self.shared.open_until();
@@ -136,8 +134,7 @@ impl<S> Breaker<S> {
             };
 
             if self.shared.config.when_open == WhenOpen::FailFast {
-                self.permit_wait = None;
-                if matches!(refused, BreakerState::Open { .. })
+                if refused != BreakerState::ForcedOpen
                     && self.shared.card.admission() == endpoint_state::Admission::Degraded
                 {
                     return Poll::Ready(Admission::Degraded {
@@ -147,51 +144,48 @@ impl<S> Breaker<S> {
                 return Poll::Ready(Admission::Refuse { state: refused });
             }
 
-            if w.mode() == Mode::HalfOpen && self.permit_wait.is_none() {
-                // Subscribe to permit releases, then look again: a release between the look
-                // above and the subscription is seen by the next look.
-                self.permit_wait = Some(Box::pin(
-                    Arc::clone(&self.shared.permits_freed).notified_owned(),
-                ));
-                continue;
-            }
-
             let shared = &self.shared;
             match self.gate.poll_open(cx, |_| gate_check(shared)) {
                 Poll::Ready(PassiveOpened::Degraded) => {
                     let now = self.shared.load();
-                    if now.mode() == Mode::Open {
-                        self.permit_wait = None;
+                    if passively_shut(now) {
                         return Poll::Ready(Admission::Degraded {
                             generation: now.generation(),
                         });
                     }
                     continue;
                 }
-                // The state changed, or the open period is over.
+                // The state changed, a permit is free, or the open period is over.
                 Poll::Ready(_) => continue,
                 Poll::Pending => {}
             }
-            if let Some(wait) = &mut self.permit_wait
-                && wait.as_mut().poll(cx).is_ready()
-            {
-                self.permit_wait = None;
-                continue;
-            }
-            tracing::trace!(target = %self.shared.card.target(), state = %refused, "breaker: waiting");
+            tracing::trace!(backend = %self.shared.card.target(), state = %refused, "waiting");
             return Poll::Pending;
         }
     }
 }
 
+/// Whether the word shuts calls out by a passive signal: open, or half-open with every probe
+/// permit taken (a long stream may hold its permit for minutes: the calls go elsewhere, or
+/// are admitted anyway when no peer is eligible).
+fn passively_shut(w: Word) -> bool {
+    match w.mode() {
+        Mode::Open => true,
+        Mode::HalfOpen => w.permits() == 0,
+        _ => false,
+    }
+}
+
 /// The gate's view of the breaker's word: what would let a waiter try again. An open period
-/// is a passive signal: the gate admits the call anyway when no peer is eligible.
+/// and a half-open breaker with every permit taken are passive signals: the gate admits the
+/// call anyway when no peer is eligible.
 fn gate_check(shared: &Shared) -> PassiveCheck {
     let w = shared.load();
     match w.mode() {
         Mode::Closed | Mode::Disabled => PassiveCheck::Open,
         Mode::HalfOpen if w.permits() > 0 => PassiveCheck::Open,
-        Mode::HalfOpen | Mode::ForcedOpen => PassiveCheck::Shut,
+        Mode::HalfOpen => PassiveCheck::Passive(None),
+        Mode::ForcedOpen => PassiveCheck::Shut,
         Mode::Open => PassiveCheck::Passive(Some(shared.open_until())),
     }
 }
@@ -244,8 +238,8 @@ where
             }
             Admission::Degraded { generation } => {
                 tracing::debug!(
-                    target = %self.shared.card.target(),
-                    "breaker: open, but no peer is eligible; call admitted"
+                    backend = %self.shared.card.target(),
+                    "open, but no peer is eligible; call admitted"
                 );
                 let recorder = Recorder::degraded(Arc::clone(&self.shared), generation);
                 ResponseFuture::called(self.inner.call(req), Some(recorder))
@@ -257,7 +251,7 @@ where
                     Instant::now(),
                     self.shared.card.breaker().reason.clone(),
                 );
-                tracing::debug!(target = %self.shared.card.target(), %error, "breaker: call refused");
+                tracing::debug!(backend = %self.shared.card.target(), %error, "call refused");
                 ResponseFuture::refused(error)
             }
         }

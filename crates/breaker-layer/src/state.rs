@@ -17,7 +17,7 @@ use endpoint_state::time::Secs;
 use endpoint_state::{
     BreakerState, CardEvent, EndpointCard, LineState, Outcome, Reason, Verdict, rng, sync, time,
 };
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::config::BreakerConfig;
@@ -50,8 +50,6 @@ pub(crate) struct Shared {
     /// Whether an outcome needs the call's duration (slow calls) at all.
     pub(crate) timed: bool,
     machine: Mutex<Machine>,
-    /// Woken when a half-open permit is given back (not a card change).
-    pub(crate) permits_freed: Arc<Notify>,
     /// The card's events of this breaker's line, as each transition writes it.
     events: broadcast::Sender<CardEvent>,
 }
@@ -93,7 +91,6 @@ impl Shared {
                 probes_ok: 0,
                 trip_reason: None,
             }),
-            permits_freed: Arc::new(Notify::new()),
             events,
             config,
         }
@@ -120,7 +117,8 @@ impl Shared {
 
     // ----- permits -----
 
-    /// Takes a half-open permit if `w` (the word just read) is half-open with one free.
+    /// Takes a half-open permit if `w` (the word just read) is half-open with one free. Taking
+    /// the last one publishes on the card that the breaker is busy (no other call is admitted).
     pub(crate) fn try_take_permit(self: &Arc<Self>, mut w: Word) -> Option<Permit> {
         loop {
             if w.mode() != Mode::HalfOpen || w.permits() == 0 {
@@ -133,6 +131,9 @@ impl Shared {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
+                    if w.permits() == 1 {
+                        self.publish_permits();
+                    }
                     return Some(Permit {
                         shared: Arc::clone(self),
                         generation: w.generation(),
@@ -144,7 +145,9 @@ impl Shared {
         }
     }
 
-    /// Gives a permit of `generation` back, if that half-open period is still current.
+    /// Gives a permit of `generation` back, if that half-open period is still current. The
+    /// first one free again publishes on the card that the breaker admits a call (which wakes
+    /// every waiter).
     fn release_permit(&self, generation: u64) {
         let mut w = self.load();
         loop {
@@ -161,8 +164,31 @@ impl Shared {
                 Err(actual) => w = Word(actual),
             }
         }
-        tracing::debug!(target = %self.card.target(), "breaker: half-open permit given back");
-        self.permits_freed.notify_waiters();
+        tracing::debug!(backend = %self.card.target(), "half-open permit given back");
+        if w.permits() == 0 {
+            self.publish_permits();
+        }
+    }
+
+    /// Publishes whether every half-open permit is taken, read from the word under the
+    /// transition lock. Each permit that crosses zero (the last taken, the first given back)
+    /// calls this after its own change, so the last publication reads the last change.
+    fn publish_permits(&self) {
+        let m = self.lock();
+        let w = self.load();
+        if w.mode() != Mode::HalfOpen {
+            return; // a transition published the state already
+        }
+        let busy = w.permits() == 0;
+        let reason = self.card.breaker().reason.clone();
+        if let Some(event) = self
+            .card
+            .set_breaker(BreakerState::HalfOpen { busy }, reason)
+        {
+            log(&event);
+            let _ = self.events.send(event);
+        }
+        drop(m);
     }
 
     // ----- outcomes -----
@@ -301,17 +327,17 @@ impl Shared {
         }
     }
 
-    /// A call admitted while the breaker was open, because no peer was eligible (passive
-    /// signals never empty the choice), ended. A success closes the breaker — the endpoint has
-    /// just proven itself — if it is still open in `generation`; any other outcome leaves it
-    /// as it is (it is open already).
+    /// A call admitted while the breaker was open (or half-open with every permit taken),
+    /// because no peer was eligible (passive signals never empty the choice), ended. A success
+    /// closes the breaker — the endpoint has just proven itself — if it is still in the state
+    /// of `generation`; any other outcome leaves it as it is (the probes decide).
     pub(crate) fn record_degraded(&self, generation: u64, outcome: &Outcome) {
         if self.config.failure_codes.classify(outcome) != Verdict::Success {
             return;
         }
         let mut m = self.lock();
         let w = self.load();
-        if w.mode() != Mode::Open || w.generation() != generation {
+        if !matches!(w.mode(), Mode::Open | Mode::HalfOpen) || w.generation() != generation {
             return;
         }
         self.close_locked(
@@ -359,7 +385,7 @@ impl Shared {
         self.store_locked(
             &mut m,
             Word::new(Mode::HalfOpen, permits, w.generation() + 1),
-            BreakerState::HalfOpen,
+            BreakerState::HalfOpen { busy: false },
             why,
         );
     }
@@ -412,8 +438,6 @@ impl Shared {
             // No subscriber is not an error; a full channel drops its oldest event.
             let _ = self.events.send(event);
         }
-        // Waiters on a permit re-check too (the card change wakes gate waiters).
-        self.permits_freed.notify_waiters();
     }
 
     // ----- operator -----
@@ -491,8 +515,12 @@ fn log(event: &CardEvent) {
     };
     let reason = event.reason.as_deref().unwrap_or_default();
     match to {
+        // Probe permits taken and given back: not a transition an operator acts on.
+        BreakerState::HalfOpen { busy } if matches!(from, BreakerState::HalfOpen { .. }) => {
+            tracing::debug!(backend = %event.target, busy, "half-open permits")
+        }
         BreakerState::Open { until } => tracing::info!(
-            target = %event.target,
+            backend = %event.target,
             %from,
             %to,
             open_for_ms = until.saturating_duration_since(event.at).as_millis() as u64,
@@ -500,7 +528,7 @@ fn log(event: &CardEvent) {
             "breaker opened"
         ),
         _ => tracing::info!(
-            target = %event.target,
+            backend = %event.target,
             %from,
             %to,
             reason,

@@ -156,11 +156,20 @@ const FIELD_MASK: u64 = (1 << FIELD) - 1;
 /// bucket and keeps those whose tag is one of the last ten epochs. A bucket counts at most
 /// [`MAX_CALLS_PER_BUCKET`] calls; later calls in the same bucket are skipped, so the rate
 /// is then a sample of the bucket's first calls.
+///
+/// A 16-bit tag repeats every 65,536 epochs (65.5 s for a 10 ms window), so an old bucket must
+/// never live that long: each sum clears the buckets that have left the window (a bucket is
+/// gone within a window of its leaving while calls come), and the first call after a quiet
+/// spell of a whole window clears them all — so a tag is only ever compared with epochs less
+/// than two windows from the one it was written in. (That first call races only the calls of
+/// the same instant: at worst one of those goes uncounted.)
 #[derive(Debug)]
 pub(crate) struct TimeWindow {
     origin: Instant,
     bucket_nanos: u64,
     buckets: Box<[AtomicU64]>,
+    /// The latest epoch recorded, plus one (0: none yet).
+    latest: AtomicU64,
 }
 
 impl TimeWindow {
@@ -172,6 +181,7 @@ impl TimeWindow {
             buckets: (0..TIME_WINDOW_BUCKETS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            latest: AtomicU64::new(0),
         }
     }
 
@@ -184,6 +194,14 @@ impl TimeWindow {
     fn record(&self, flags: u8, now: Instant) -> Totals {
         let epoch = self.epoch(now);
         let n = self.buckets.len() as u64;
+        // A new epoch (once per bucket, not per call): after a quiet spell of a whole window,
+        // every bucket is out of it; forget them before a tag can repeat.
+        if self.latest.load(Ordering::Acquire) <= epoch {
+            let previous = self.latest.fetch_max(epoch + 1, Ordering::AcqRel);
+            if previous != 0 && previous <= epoch && epoch - (previous - 1) >= n {
+                self.forget_all();
+            }
+        }
         let bucket = &self.buckets[(epoch % n) as usize];
         let tag = epoch & FIELD_MASK;
         let add = 1
@@ -206,6 +224,9 @@ impl TimeWindow {
         self.totals(epoch)
     }
 
+    /// The sum of the buckets of the last ten epochs up to `epoch`. Clears, on the way, the
+    /// buckets that have left the window (a tag from ten or more epochs back — not one from a
+    /// newer epoch that a concurrent call has just written).
     fn totals(&self, epoch: u64) -> Totals {
         let n = self.buckets.len();
         let mut slot = (epoch % n as u64) as usize;
@@ -214,15 +235,35 @@ impl TimeWindow {
             let Some(e) = epoch.checked_sub(back) else {
                 break;
             };
-            let word = self.buckets[slot].load(Ordering::Acquire);
+            let bucket = &self.buckets[slot];
+            let word = bucket.load(Ordering::Acquire);
             slot = if slot == 0 { n - 1 } else { slot - 1 };
-            if word >> TAG_SHIFT == e & FIELD_MASK {
+            let tag = word >> TAG_SHIFT;
+            if tag == e & FIELD_MASK {
                 t.calls += (word & FIELD_MASK) as u32;
                 t.failures += ((word >> FIELD) & FIELD_MASK) as u32;
                 t.slow += ((word >> (2 * FIELD)) & FIELD_MASK) as u32;
+            } else if word != 0 {
+                // How far back the tag is, modulo the tag's range: ten or more (but not so far
+                // that it wraps round to a newer epoch) is a bucket out of the window.
+                let age = epoch.wrapping_sub(tag) & FIELD_MASK;
+                if age >= n as u64 && age <= FIELD_MASK - n as u64 {
+                    // Lost to a concurrent record (which made it current): nothing to do.
+                    let _ = bucket.compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire);
+                }
             }
         }
         t
+    }
+
+    /// Empties every bucket (each one as it was seen: a record landing meanwhile stays).
+    fn forget_all(&self) {
+        for bucket in self.buckets.iter() {
+            let word = bucket.load(Ordering::Acquire);
+            if word != 0 {
+                let _ = bucket.compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
     }
 
     fn clear(&self) {
@@ -308,6 +349,51 @@ mod tests {
         );
         // Long after, a bucket whose tag is stale counts for nothing.
         let t = w.record(0, at(1_000_000));
+        assert_eq!(
+            t,
+            Totals {
+                calls: 1,
+                failures: 0,
+                slow: 0
+            }
+        );
+    }
+
+    #[test]
+    fn time_window_never_mistakes_an_old_bucket_for_a_current_one() {
+        // 10 ms windows: 1 ms buckets. 327,680 buckets later (5 × 65,536), the bucket of
+        // epoch 0 has the same slot and the same 16-bit tag as the current one.
+        let origin = Instant::now();
+        let w = TimeWindow::new(Duration::from_millis(10), origin);
+        let at = |ms: u64| origin + Duration::from_millis(ms);
+        w.record(FAILED, at(0));
+        let t = w.record(0, at(327_680));
+        assert_eq!(
+            t,
+            Totals {
+                calls: 1,
+                failures: 0,
+                slow: 0
+            },
+            "idle for 327.68 s"
+        );
+        // Calls in another slot, every 5 ms, never touch the failed bucket's slot: it must not
+        // come back when its tag matches again (65,536 × 5 buckets after it was written).
+        let w = TimeWindow::new(Duration::from_millis(10), origin);
+        w.record(FAILED, at(0));
+        let mut last = Totals::default();
+        for ms in (3..=327_683).step_by(5) {
+            last = w.record(0, at(ms));
+            let expected = u32::from(ms < 10); // in the window for its first 10 ms only
+            assert_eq!(last.failures, expected, "the failure of 0 ms at {ms} ms");
+        }
+        assert_eq!(last.calls, 2, "{last:?}");
+        // Idle for exactly a tag period (65,536 buckets): nothing old comes back either.
+        let w = TimeWindow::new(Duration::from_millis(10), origin);
+        for ms in 0..10 {
+            w.record(FAILED, at(ms));
+        }
+        let t = w.record(0, at(9 + 65_536));
         assert_eq!(
             t,
             Totals {

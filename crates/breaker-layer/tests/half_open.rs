@@ -5,7 +5,6 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -47,7 +46,7 @@ async fn exactly_the_permits_among_100_callers() {
         }
     }
     assert_eq!(ready.len(), 3, "half-open admits exactly 3: {ready:?}");
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen);
+    assert_eq!(card.breaker_state(), BreakerState::HalfOpen { busy: true });
 
     // Asking again never takes a second permit, and nobody else got one meanwhile.
     let ready_now: Vec<_> = callers
@@ -84,44 +83,62 @@ async fn exactly_the_permits_among_100_callers() {
     assert_eq!(got.len(), 1, "exactly one more caller admitted: {got:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(start_paused = true)]
 async fn exactly_the_permits_under_concurrency() {
-    let cfg = config(2).open_base(Duration::from_millis(50));
-    let (mut svc, script, card) = breaker(cfg);
+    let (mut svc, script, card) = breaker(config(2));
     run(&mut svc, &script, &fails(1)).await;
     assert!(is_open(&card));
+    tokio::time::advance(Duration::from_secs(1)).await;
     // From now on every call hangs, so an admitted probe never reports.
     script.push(vec![Reply::Hang; 200]);
 
-    let admitted = Arc::new(AtomicUsize::new(0));
-    let start = Arc::new(tokio::sync::Barrier::new(100));
-    let mut tasks = Vec::new();
-    for _ in 0..100 {
-        let mut svc = svc.clone();
-        let admitted = admitted.clone();
-        let start = start.clone();
-        tasks.push(tokio::spawn(async move {
-            start.wait().await;
-            let ready = svc.ready().await.unwrap();
-            admitted.fetch_add(1, Ordering::SeqCst);
-            let _ = ready.call(Request::new(())).await; // hangs
-        }));
+    // 100 threads, each with its own clone, ask at the same instant (a real race on the
+    // permits; the clock stays paused, so the outcome does not depend on timing).
+    let runtime = tokio::runtime::Handle::current();
+    let start = Arc::new(std::sync::Barrier::new(100));
+    let racers: Vec<_> = (0..100)
+        .map(|_| {
+            let (mut svc, start, runtime) = (svc.clone(), start.clone(), runtime.clone());
+            std::thread::spawn(move || {
+                let _runtime = runtime.enter();
+                let mut t = task::spawn(());
+                start.wait();
+                let ready = match t.enter(|cx, _| svc.poll_ready(cx)) {
+                    Poll::Ready(r) => {
+                        r.unwrap();
+                        true
+                    }
+                    Poll::Pending => false,
+                };
+                (svc, t, ready)
+            })
+        })
+        .collect();
+    let mut callers: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+    let admitted = callers.iter().filter(|(_, _, ready)| *ready).count();
+    assert_eq!(admitted, 2, "half-open admits exactly its 2 permits");
+
+    // The two probes go out and hang.
+    let mut probes: Vec<_> = callers
+        .iter_mut()
+        .filter(|(_, _, ready)| *ready)
+        .map(|(svc, _, _)| task::spawn(svc.call(Request::new(()))))
+        .collect();
+    for p in &mut probes {
+        assert_pending!(p.poll());
     }
-    // Bounded wait for the probes to go out (the open period is 50 ms).
-    for _ in 0..500 {
-        if admitted.load(Ordering::SeqCst) >= 2 {
-            break;
+
+    // No late admission: however long the probes take, and however often the others ask
+    // (woken or not), nobody else gets in.
+    for _ in 0..6 {
+        tokio::time::advance(Duration::from_secs(3_600)).await;
+        for (svc, t, _) in callers.iter_mut().filter(|(_, _, ready)| !*ready) {
+            assert_pending!(t.enter(|cx, _| svc.poll_ready(cx)));
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Give any wrongly admitted caller ample time to show up.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(admitted.load(Ordering::SeqCst), 2);
-    assert_eq!(script.calls(), 1 + 2);
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen);
-    for t in tasks {
-        t.abort();
-    }
+    assert_eq!(script.calls(), 1 + 2, "one failure, then the two probes");
+    assert!(!card.is_eligible(), "both permits are taken");
+    drop(probes);
 }
 
 /// Trips the breaker and lets the open period pass.
@@ -161,15 +178,16 @@ async fn a_dropped_probe_body_releases_its_permit() {
     let first = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
     assert!(first.unwrap().unwrap().is_data());
     assert!(!tb.is_woken());
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen);
+    assert_eq!(card.breaker_state(), BreakerState::HalfOpen { busy: true });
     drop(body);
     assert!(tb.is_woken());
-    assert_ready_ok!(tb.enter(|cx, _| b.poll_ready(cx)));
     assert_eq!(
         card.breaker_state(),
-        BreakerState::HalfOpen,
-        "an abandoned probe decides nothing"
+        BreakerState::HalfOpen { busy: false },
+        "an abandoned probe decides nothing; its permit is free again"
     );
+    assert_ready_ok!(tb.enter(|cx, _| b.poll_ready(cx)));
+    assert_eq!(card.breaker_state(), BreakerState::HalfOpen { busy: true });
 }
 
 #[tokio::test(start_paused = true)]
@@ -231,22 +249,29 @@ async fn success_closes_failure_reopens_longer_capped_and_success_resets_the_bac
     while let Ok(e) = events.try_recv() {
         seen.push(match states(&e).1 {
             BreakerState::Open { .. } => "open",
-            BreakerState::HalfOpen => "half-open",
+            BreakerState::HalfOpen { busy: false } => "half-open",
+            BreakerState::HalfOpen { busy: true } => "probing",
             BreakerState::Closed => "closed",
             _ => "other",
         });
     }
+    // (Each probe takes the only permit: the card says so, and says so again when the
+    // probe's outcome moves the breaker on.)
     assert_eq!(
         seen,
         [
             "open",
             "half-open",
+            "probing",
             "open",
             "half-open",
+            "probing",
             "open",
             "half-open",
+            "probing",
             "open",
             "half-open",
+            "probing",
             "closed",
             "open"
         ]
@@ -259,7 +284,11 @@ async fn closes_only_when_every_probe_succeeded() {
     let (mut a, mut b) = (svc.clone(), svc.clone());
     script.push([Reply::Ok, Reply::Ok]);
     call(&mut a).await.unwrap();
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen, "one of two");
+    assert_eq!(
+        card.breaker_state(),
+        BreakerState::HalfOpen { busy: false },
+        "one of two"
+    );
     call(&mut b).await.unwrap();
     assert_eq!(card.breaker_state(), BreakerState::Closed);
     assert_eq!(
@@ -345,7 +374,7 @@ async fn a_stale_permit_is_not_used_after_the_breaker_moved_on() {
     tokio::time::advance(open_for(&card)).await;
     assert!(ta.is_woken(), "woken when the new open period ends");
     assert_ready_ok!(ta.enter(|cx, _| a.poll_ready(cx)));
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen);
+    assert_eq!(card.breaker_state(), BreakerState::HalfOpen { busy: false });
 }
 
 #[tokio::test(start_paused = true)]
@@ -380,7 +409,7 @@ async fn a_permit_is_held_while_the_inner_service_is_not_ready_and_given_back_on
         ta.enter(|cx, _| a.poll_ready(cx)),
         "the channel is not ready"
     );
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen);
+    assert_eq!(card.breaker_state(), BreakerState::HalfOpen { busy: true });
     assert_pending!(
         tb.enter(|cx, _| b.poll_ready(cx)),
         "a holds the only permit"

@@ -51,7 +51,11 @@ async fn wait_mode_is_pending_until_a_timer_at_the_half_open_instant() {
     assert!(t.is_woken(), "the timer fires at the half-open instant");
     assert_ready_ok!(t.enter(|cx, _| svc.poll_ready(cx)));
     assert!(Instant::now() >= until);
-    assert_eq!(card.breaker_state(), BreakerState::HalfOpen);
+    assert_eq!(
+        card.breaker_state(),
+        BreakerState::HalfOpen { busy: true },
+        "half-open, and this service holds the only permit"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -131,7 +135,7 @@ async fn fail_fast_while_the_probe_is_in_flight() {
     let mut probe = task::spawn(send(&mut svc));
     assert_pending!(probe.poll());
     let open = refused(&mut other).await;
-    assert_eq!(open.state(), BreakerState::HalfOpen);
+    assert_eq!(open.state(), BreakerState::HalfOpen { busy: true });
     assert!(
         open.to_string()
             .starts_with("b1: breaker half-open, probe calls in flight")

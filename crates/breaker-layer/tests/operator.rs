@@ -113,7 +113,7 @@ async fn every_transition_is_an_event_with_from_to_why_and_when() {
             BreakerState::Open {
                 until: tripped_at + Duration::from_secs(1)
             },
-            BreakerState::HalfOpen
+            BreakerState::HalfOpen { busy: false }
         )
     );
     assert_eq!(
@@ -123,8 +123,20 @@ async fn every_transition_is_an_event_with_from_to_why_and_when() {
         )
     );
     assert_eq!(e.at, tripped_at + Duration::from_secs(1));
+    // The probe takes the only permit: every permit is taken, and the card says so.
     let e = events.recv().await.unwrap();
-    assert_eq!(states(&e), (BreakerState::HalfOpen, BreakerState::Closed));
+    assert_eq!(
+        states(&e),
+        (
+            BreakerState::HalfOpen { busy: false },
+            BreakerState::HalfOpen { busy: true }
+        )
+    );
+    let e = events.recv().await.unwrap();
+    assert_eq!(
+        states(&e),
+        (BreakerState::HalfOpen { busy: true }, BreakerState::Closed)
+    );
     assert_eq!(e.reason.as_deref(), Some("probe call succeeded"));
 
     handle.force_open(None);

@@ -166,3 +166,60 @@ async fn fast_calls_do_not_count_as_slow() {
     run(&mut svc, &script, &vec![quick; 8]).await;
     assert_eq!(card.breaker_state(), BreakerState::Closed);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_time_window_idle_for_minutes_forgets_its_old_calls() {
+    // The shortest window: 10 ms, in ten 1 ms buckets. A failure, then a long quiet spell
+    // (327.68 s: 327,680 buckets, a multiple of both the ten slots and the 65,536 values of
+    // a 16-bit bucket tag), then one success. The failure is long gone: one call, no trip.
+    let config =
+        BreakerConfig::default().failure_rate(0.5, Window::Time(Duration::from_millis(10)), 2);
+    let (mut svc, script, card) = breaker(config);
+    run(&mut svc, &script, &fails(1)).await;
+    assert!(!is_open(&card), "one call: below the minimum");
+    tokio::time::advance(Duration::from_millis(327_680)).await;
+    run(&mut svc, &script, &oks(1)).await;
+    assert!(
+        !is_open(&card),
+        "tripped on a failure from minutes ago: {:?}",
+        card.breaker()
+    );
+    // And the window still counts what is recent: two failures now trip it.
+    run(&mut svc, &script, &fails(2)).await;
+    assert!(is_open(&card));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_reason_keeps_a_bounded_share_of_the_server_s_text() {
+    let (mut svc, script, card) = breaker(BreakerConfig::default().consecutive_failures(1));
+    let long = "x".repeat(20_000);
+    run(
+        &mut svc,
+        &script,
+        &[Reply::TrailersOnlyWith(Code::Unavailable, long)],
+    )
+    .await;
+    assert!(is_open(&card));
+    let why = reason(&card);
+    assert!(
+        why.starts_with("1 consecutive failure (last: UNAVAILABLE: xxx"),
+        "{why}"
+    );
+    assert!(why.chars().count() <= 241, "{} chars", why.chars().count());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proxy_s_html_page_is_a_failure() {
+    let (mut svc, script, card) = breaker(BreakerConfig::default().consecutive_failures(2));
+    for _ in 0..2 {
+        script.push([Reply::Html]);
+        // The caller (tonic's decoder) gives up on the body once it sees it is not gRPC.
+        drop(support::send(&mut svc).await.unwrap());
+    }
+    assert!(is_open(&card), "{:?}", card.breaker());
+    let why = reason(&card);
+    assert!(
+        why.contains("UNKNOWN") && why.contains("text/html"),
+        "{why}"
+    );
+}

@@ -58,10 +58,13 @@ impl Backoff {
         } else {
             0.0
         };
-        let low = d.mul_f64(1.0 - jitter);
-        let high = Duration::try_from_secs_f64(d.as_secs_f64() * (1.0 + jitter))
-            .unwrap_or(Duration::MAX)
-            .min(self.max);
+        // In seconds as f64 and back, saturating: `Duration::MAX` (or any wait near it) must
+        // not overflow on the way (`Duration::mul_f64` would panic).
+        let scaled = |factor: f64| {
+            Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
+        };
+        let low = scaled(1.0 - jitter).min(d);
+        let high = scaled(1.0 + jitter).min(self.max);
         (low, high.max(low))
     }
 
@@ -73,7 +76,10 @@ impl Backoff {
         } else {
             0.5
         };
-        low + (high - low).mul_f64(unit)
+        let spread = Duration::try_from_secs_f64((high - low).as_secs_f64() * unit)
+            .unwrap_or(high - low)
+            .min(high - low);
+        low.saturating_add(spread)
     }
 
     /// Checks every setting; the error names `config`'s field `prefix.<setting>`.
@@ -138,6 +144,16 @@ mod tests {
         let huge = Backoff::new(Duration::MAX, f64::MAX, Duration::MAX, 0.99);
         assert_eq!(huge.nominal(u32::MAX), Duration::MAX);
         let _ = huge.delay(u32::MAX, 0.999);
+        // Any wait, however close to `Duration::MAX`, with any jitter (none included).
+        for jitter in [0.0, 0.1, 0.5, 1.0] {
+            let max = Backoff::new(Duration::MAX, 2.0, Duration::MAX, jitter);
+            for unit in [0.0, 0.5, 0.999] {
+                let d = max.delay(7, unit);
+                assert!(d >= max.bounds(7).0 && d <= Duration::MAX);
+            }
+            let near = Backoff::new(Duration::MAX - S(1), 1.0, Duration::MAX, jitter);
+            assert!(near.delay(0, 0.999) <= Duration::MAX);
+        }
         let odd = Backoff::new(S(1), f64::NAN, S(10), f64::NAN);
         assert_eq!(odd.delay(3, f64::NAN), S(10));
     }

@@ -75,7 +75,9 @@ pub(crate) trait PeerLink: Send + Sync + 'static {
 /// are transitions) and take a short writer-only lock, so that a line, its summary bit and the
 /// version move together; each replaces one line, bumps [`version`](Self::version) and then
 /// wakes every waiter. A write that would not change the line (same state and same reason) is
-/// skipped and wakes nobody.
+/// skipped and wakes nobody. Every reason is kept bounded (see [`text`](crate::text)): a
+/// server's text of any length costs the card at most [`MAX_REASON`](crate::text::MAX_REASON)
+/// characters.
 ///
 /// ```
 /// use endpoint_state::{EndpointCard, HealthVerdict};
@@ -255,7 +257,8 @@ impl EndpointCard {
 
     /// Replace one line. `admits` says whether the new state admits calls unconditionally
     /// (the line's bit in the fast word). Wakes every waiter, then sends the change to the
-    /// card's subscribers and its peer set's.
+    /// card's subscribers and its peer set's. The reason is kept bounded
+    /// ([`text::MAX_REASON`](crate::text::MAX_REASON) characters).
     fn write<T: PartialEq + Copy>(
         &self,
         line: &ArcSwap<Line<T>>,
@@ -264,6 +267,7 @@ impl EndpointCard {
         admits: bool,
         wrap: fn(T) -> LineState,
     ) -> Option<CardEvent> {
+        let reason = reason.map(crate::text::bound);
         let kind = wrap(state).line();
         let (from, at) = {
             // A poisoned lock only means another writer panicked between two stores; every

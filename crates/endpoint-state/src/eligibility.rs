@@ -129,8 +129,11 @@ impl fmt::Display for Block {
                 if let Some(d) = retry_in {
                     write!(f, ", retry in {}", Secs(*d))?;
                 }
-                if let Some(r) = reason {
-                    write!(f, " after {r}")?;
+                match (state, reason) {
+                    // Half-open's reason says how it came to probe: no "after".
+                    (BreakerState::HalfOpen { .. }, Some(r)) => write!(f, " ({r})")?,
+                    (_, Some(r)) => write!(f, " after {r}")?,
+                    (_, None) => {}
                 }
                 Ok(())
             }

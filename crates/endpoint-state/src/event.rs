@@ -65,9 +65,18 @@ pub struct CardEvent {
 }
 
 impl CardEvent {
-    /// Whether the state changed (not only its reason).
+    /// Whether the state changed (not only its reason): a move of the line's state machine.
+    /// A half-open breaker whose probe permits are all taken, or one given back
+    /// ([`BreakerState::HalfOpen`] `{ busy }`), is a change of the card — an event, since its
+    /// eligibility changed — but no transition: the breaker is half-open throughout.
     pub fn is_transition(&self) -> bool {
-        self.from != self.to
+        match (self.from, self.to) {
+            (
+                LineState::Breaker(BreakerState::HalfOpen { .. }),
+                LineState::Breaker(BreakerState::HalfOpen { .. }),
+            ) => false,
+            (from, to) => from != to,
+        }
     }
 }
 

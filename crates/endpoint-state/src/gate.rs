@@ -181,14 +181,14 @@ impl Gate {
     }
 }
 
-/// What the line of a passive signal (quarantine, an open breaker) says about admitting a
-/// call right now. See [`PassiveGate`].
+/// What the line of a passive signal (quarantine, an open breaker, a half-open breaker with
+/// every probe permit taken) says about admitting a call right now. See [`PassiveGate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PassiveCheck {
     /// Calls may pass.
     Open,
-    /// Shut for a reason that is not passive (an operator's forced-open breaker, a half-open
-    /// breaker with no free permit), until some line of the card changes.
+    /// Shut for a reason that is not passive (an operator's forced-open breaker), until some
+    /// line of the card changes.
     Shut,
     /// Shut by the passive signal itself — until the instant, if it has one — unless no peer
     /// is eligible (then calls are admitted anyway).

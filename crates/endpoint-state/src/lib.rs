@@ -51,6 +51,7 @@
 //! assert_eq!(svc.ready().await.unwrap().call(1).await.unwrap(), 2);
 //! # }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backoff;
 pub mod card;
@@ -65,6 +66,7 @@ mod line;
 pub mod peers;
 pub mod rng;
 pub mod sync;
+pub mod text;
 pub mod time;
 #[cfg(feature = "transport")]
 pub mod transport;
@@ -78,8 +80,9 @@ pub use card::{
 };
 #[doc(inline)]
 pub use classify::{
-    CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, NotProcessed, OnOutcome,
-    Outcome, OutcomeSource, ResponseFuture, Verdict, code_name, error_chain, is_not_processed,
+    CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, NotGrpcResponse,
+    NotProcessed, OnOutcome, Outcome, OutcomeSource, ResponseFuture, Verdict, code_name,
+    error_chain, is_not_processed,
 };
 #[doc(inline)]
 pub use error::{BoxError, ConfigError};

@@ -83,7 +83,12 @@ pub enum BreakerState {
         until: Instant,
     },
     /// A bounded number of probe calls may pass; their outcome decides.
-    HalfOpen,
+    HalfOpen {
+        /// Every probe permit is taken by a call in flight (a long stream holds its permit
+        /// until its trailers): no other call is admitted until one is given back, so the
+        /// endpoint is not eligible meanwhile. The breaker publishes the change each way.
+        busy: bool,
+    },
     /// An operator holds the breaker open: no call passes until released.
     ForcedOpen,
     /// An operator disabled the breaker: every call passes and nothing is counted.
@@ -91,13 +96,26 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
-    /// Whether the breaker would consider admitting a call at `now` (half-open admits only
-    /// as many calls as it has permits; the breaker itself enforces that).
+    /// Whether the breaker would admit a call at `now`: closed, disabled, half-open with a
+    /// free probe permit (the breaker itself takes it), or open with its period over.
     pub fn admits_at(&self, now: Instant) -> bool {
         match self {
-            BreakerState::Closed | BreakerState::HalfOpen | BreakerState::Disabled => true,
+            BreakerState::Closed | BreakerState::Disabled => true,
+            BreakerState::HalfOpen { busy } => !busy,
             BreakerState::Open { until } => *until <= now,
             BreakerState::ForcedOpen => false,
+        }
+    }
+
+    /// Whether the state is a *passive* signal shutting calls out at `now`: an open period
+    /// not over yet, or a half-open breaker whose every permit is taken. (A passive signal
+    /// narrows the choice, never empties it: see [`peers`](crate::peers).) An operator's
+    /// forced-open breaker is not passive.
+    pub fn passively_shut_at(&self, now: Instant) -> bool {
+        match self {
+            BreakerState::Open { until } => *until > now,
+            BreakerState::HalfOpen { busy } => *busy,
+            _ => false,
         }
     }
 }
@@ -107,7 +125,8 @@ impl fmt::Display for BreakerState {
         f.write_str(match self {
             BreakerState::Closed => "closed",
             BreakerState::Open { .. } => "open",
-            BreakerState::HalfOpen => "half-open",
+            BreakerState::HalfOpen { busy: false } => "half-open",
+            BreakerState::HalfOpen { busy: true } => "half-open, every probe permit taken",
             BreakerState::ForcedOpen => "forced open",
             BreakerState::Disabled => "disabled",
         })

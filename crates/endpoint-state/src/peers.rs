@@ -8,8 +8,10 @@
 //!
 //! * a card is **eligible** when every line admits calls ([`EndpointCard::is_eligible`]);
 //! * a card is **passively blocked** when the only lines that shut it are passive — an active
-//!   quarantine, a breaker open for a while ([`BreakerState::Open`]) — while its health admits
-//!   calls and no operator holds its breaker open ([`EndpointCard::passively_blocked`]);
+//!   quarantine, a breaker open for a while ([`BreakerState::Open`]), a half-open breaker whose
+//!   every probe permit is taken by a call in flight ([`BreakerState::HalfOpen`] `{ busy: true }`)
+//!   — while its health admits calls and no operator holds its breaker open
+//!   ([`EndpointCard::passively_blocked`]);
 //! * a passively blocked card is **admitted anyway** when no other member of its peer set is
 //!   eligible ([`EndpointCard::admission`] says [`Admission::Degraded`]).
 //!
@@ -35,7 +37,9 @@
 //! # }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -50,19 +54,24 @@ use crate::line::BreakerState;
 /// A set of peer endpoints' cards: the endpoints among which one choice is made.
 ///
 /// Cheap to clone (one `Arc`); every clone is the same set. Membership is a snapshot swapped
-/// whole on every change (reads take no lock); every change bumps a version, and a member
-/// leaving wakes whoever waits on the set.
+/// whole (reads take no lock), published from the writers' roster at the first read after a
+/// change: adding or removing a member costs O(1) (amortized), and a burst of changes — ten
+/// thousand targets discovered at once — is published once, in O(members). Every change bumps
+/// a version, and a member leaving wakes whoever waits on the set.
 #[derive(Clone)]
 pub struct Peers {
     inner: Arc<PeersInner>,
 }
 
 pub(crate) struct PeersInner {
+    /// The membership as readers see it: published from `roster` when it is `stale`.
     members: ArcSwap<Members>,
+    /// Set by a writer (under the roster's lock) when `members` no longer shows `roster`.
+    stale: AtomicBool,
     /// Every change of every member's card.
     events: broadcast::Sender<CardEvent>,
-    /// Serializes writers; never taken to read.
-    write: Mutex<()>,
+    /// The writers' membership; taken to read only to publish a change.
+    roster: Mutex<Roster>,
     /// Woken when a member leaves (or is replaced).
     left: Arc<Notify>,
 }
@@ -70,6 +79,34 @@ pub(crate) struct PeersInner {
 struct Members {
     version: u64,
     list: Vec<EndpointCard>,
+}
+
+/// The membership as writers keep it: members in the order they joined (a slot emptied by a
+/// removal is skipped, and the slots compacted once most are empty), and each member's slot by
+/// target name.
+#[derive(Default)]
+struct Roster {
+    version: u64,
+    slots: Vec<Option<EndpointCard>>,
+    index: HashMap<Arc<str>, usize>,
+}
+
+impl Roster {
+    /// Takes the member in `slot` out.
+    fn take(&mut self, slot: usize) -> EndpointCard {
+        let card = self.slots[slot]
+            .take()
+            .expect("an indexed slot holds a card");
+        self.index.remove(card.target());
+        if self.slots.len() > 32 && self.slots.len() > 2 * self.index.len() {
+            self.slots.retain(Option::is_some);
+            for (i, c) in self.slots.iter().enumerate() {
+                let c = c.as_ref().expect("compacted");
+                *self.index.get_mut(c.target()).expect("indexed") = i;
+            }
+        }
+        card
+    }
 }
 
 impl PeerLink for PeersInner {
@@ -92,7 +129,7 @@ impl Default for Peers {
 
 impl fmt::Debug for Peers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let members = self.inner.members.load();
+        let members = self.members();
         f.debug_struct("Peers")
             .field("version", &members.version)
             .field(
@@ -152,15 +189,30 @@ impl Peers {
                     version: 0,
                     list: Vec::new(),
                 }),
-                write: Mutex::new(()),
+                stale: AtomicBool::new(false),
+                roster: Mutex::new(Roster::default()),
                 left: Arc::new(Notify::new()),
                 events: broadcast::channel(PEER_EVENTS).0,
             }),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        crate::sync::lock(&self.inner.write)
+    fn roster(&self) -> std::sync::MutexGuard<'_, Roster> {
+        crate::sync::lock(&self.inner.roster)
+    }
+
+    /// The membership now: the published snapshot, published first if a change is pending.
+    fn members(&self) -> arc_swap::Guard<Arc<Members>> {
+        if self.inner.stale.load(Ordering::Acquire) {
+            let roster = self.roster();
+            if self.inner.stale.swap(false, Ordering::AcqRel) {
+                self.inner.members.store(Arc::new(Members {
+                    version: roster.version,
+                    list: roster.slots.iter().flatten().cloned().collect(),
+                }));
+            }
+        }
+        self.inner.members.load()
     }
 
     /// Adds `card` and makes this set its peer set (a card belongs to one set at a time:
@@ -171,32 +223,31 @@ impl Peers {
         if let Some(other) = previous.as_ref().filter(|p| !p.same_set(self)) {
             other.remove_card(card);
         }
-        let replaced;
-        {
-            let _writing = self.lock();
-            let current = self.inner.members.load();
-            let mut list = current.list.clone();
-            match list.iter_mut().find(|c| c.target() == card.target()) {
-                Some(c) if c.same_card(card) => {
-                    card.link_peers(self.link());
-                    return false;
-                }
-                Some(c) => {
-                    let old = std::mem::replace(c, card.clone());
+        let replaced = {
+            let mut roster = self.roster();
+            let replaced = match roster.index.get(card.target()).copied() {
+                Some(slot) => {
+                    let current = roster.slots[slot].as_ref().expect("an indexed slot");
+                    if current.same_card(card) {
+                        card.link_peers(self.link());
+                        return false;
+                    }
+                    let old = roster.slots[slot].replace(card.clone()).expect("indexed");
                     old.unlink_peers(&self.as_link());
-                    replaced = true;
+                    true
                 }
                 None => {
-                    list.push(card.clone());
-                    replaced = false;
+                    let slot = roster.slots.len();
+                    roster.slots.push(Some(card.clone()));
+                    roster.index.insert(card.target_arc(), slot);
+                    false
                 }
-            }
+            };
             card.link_peers(self.link());
-            self.inner.members.store(Arc::new(Members {
-                version: current.version + 1,
-                list,
-            }));
-        }
+            roster.version += 1;
+            self.inner.stale.store(true, Ordering::Release);
+            replaced
+        };
         if replaced {
             self.inner.left.notify_waiters();
         }
@@ -206,15 +257,11 @@ impl Peers {
     /// Removes the member named `target` and returns its card (no longer in any set).
     pub fn remove(&self, target: &str) -> Option<EndpointCard> {
         let removed = {
-            let _writing = self.lock();
-            let current = self.inner.members.load();
-            let at = current.list.iter().position(|c| c.target() == target)?;
-            let mut list = current.list.clone();
-            let card = list.remove(at);
-            self.inner.members.store(Arc::new(Members {
-                version: current.version + 1,
-                list,
-            }));
+            let mut roster = self.roster();
+            let slot = roster.index.get(target).copied()?;
+            let card = roster.take(slot);
+            roster.version += 1;
+            self.inner.stale.store(true, Ordering::Release);
             card
         };
         removed.unlink_peers(&self.as_link());
@@ -226,17 +273,19 @@ impl Peers {
     /// whether it was.
     pub fn remove_card(&self, card: &EndpointCard) -> bool {
         {
-            let _writing = self.lock();
-            let current = self.inner.members.load();
-            let Some(at) = current.list.iter().position(|c| c.same_card(card)) else {
+            let mut roster = self.roster();
+            let Some(slot) = roster.index.get(card.target()).copied() else {
                 return false;
             };
-            let mut list = current.list.clone();
-            list.remove(at);
-            self.inner.members.store(Arc::new(Members {
-                version: current.version + 1,
-                list,
-            }));
+            if !roster.slots[slot]
+                .as_ref()
+                .is_some_and(|c| c.same_card(card))
+            {
+                return false;
+            }
+            roster.take(slot);
+            roster.version += 1;
+            self.inner.stale.store(true, Ordering::Release);
         }
         card.unlink_peers(&self.as_link());
         self.inner.left.notify_waiters();
@@ -245,19 +294,12 @@ impl Peers {
 
     /// Whether a member is named `target`.
     pub fn contains(&self, target: &str) -> bool {
-        self.inner
-            .members
-            .load()
-            .list
-            .iter()
-            .any(|c| c.target() == target)
+        self.members().list.iter().any(|c| c.target() == target)
     }
 
     /// The member named `target`.
     pub fn get(&self, target: &str) -> Option<EndpointCard> {
-        self.inner
-            .members
-            .load()
+        self.members()
             .list
             .iter()
             .find(|c| c.target() == target)
@@ -266,12 +308,12 @@ impl Peers {
 
     /// Every member's card, in the order they joined.
     pub fn cards(&self) -> Vec<EndpointCard> {
-        self.inner.members.load().list.clone()
+        self.members().list.clone()
     }
 
     /// How many members.
     pub fn len(&self) -> usize {
-        self.inner.members.load().list.len()
+        self.members().list.len()
     }
 
     /// Whether the set is empty.
@@ -281,7 +323,7 @@ impl Peers {
 
     /// The membership version: increases with every change of membership.
     pub fn version(&self) -> u64 {
-        self.inner.members.load().version
+        self.members().version
     }
 
     /// Whether `other` is the same set.
@@ -291,7 +333,7 @@ impl Peers {
 
     /// An eligible member other than `card`, tried from `hint` first.
     pub fn eligible_peer(&self, card: &EndpointCard, hint: Option<&Witness>) -> Option<Witness> {
-        let members = self.inner.members.load();
+        let members = self.members();
         if let Some(w) = hint
             && w.version == members.version
             && !w.card.same_card(card)
@@ -311,12 +353,7 @@ impl Peers {
 
     /// Whether any member is eligible.
     pub fn any_eligible(&self) -> bool {
-        self.inner
-            .members
-            .load()
-            .list
-            .iter()
-            .any(EndpointCard::is_eligible)
+        self.members().list.iter().any(EndpointCard::is_eligible)
     }
 
     /// The rule, for the whole set at once: whether passive signals are ignored now for every
@@ -330,7 +367,7 @@ impl Peers {
     /// Whether `witness` still keeps passively blocked members shut: it is eligible and the
     /// membership has not changed since it was found.
     pub fn witness_holds(&self, witness: &Witness) -> bool {
-        self.inner.members.load().version == witness.version && witness.card.is_eligible()
+        self.members().version == witness.version && witness.card.is_eligible()
     }
 
     /// Completes when a member leaves (or is replaced) after this call.
@@ -371,20 +408,19 @@ impl EndpointCard {
     }
 
     /// Whether the only lines that shut the card now are passive ones: its health admits
-    /// calls, no operator holds its breaker open, and an active quarantine or a breaker open
-    /// for a while (or both) shut it. `false` for an eligible card.
+    /// calls, no operator holds its breaker open, and an active quarantine, a breaker open
+    /// for a while, or a half-open breaker whose every probe permit is taken (or several of
+    /// these) shut it. `false` for an eligible card.
     pub fn passively_blocked(&self) -> bool {
         if self.is_eligible() || !self.health_admits() {
             return false;
         }
         let now = Instant::now();
-        let quarantined = self.quarantine_state().active_at(now);
-        match self.breaker_state() {
-            BreakerState::Open { until } => quarantined || until > now,
-            BreakerState::ForcedOpen => false,
-            // Closed, disabled or half-open: only the quarantine can be shutting it.
-            _ => quarantined,
+        let breaker = self.breaker_state();
+        if breaker == BreakerState::ForcedOpen {
+            return false;
         }
+        self.quarantine_state().active_at(now) || breaker.passively_shut_at(now)
     }
 
     /// The one rule: whether calls may go to this card now — every line admits

@@ -9,6 +9,9 @@
 //!   the connection closed before taking it) — safe to send again elsewhere;
 //! * [`refused_by_server`]: the server refused the stream before processing it (HTTP/2's
 //!   "not processed": a `GOAWAY` naming an earlier last stream, or `REFUSED_STREAM`);
+//! * [`closed_before_server_spoke`]: the connection failed before the server sent a single
+//!   byte — not even the HTTP/2 preface a server sends first — so no server code saw the call
+//!   (a connection left in a closing server's accept queue, then reset);
 //! * [`too_many_pings`]: the server closed the connection with `GOAWAY ENHANCE_YOUR_CALM` and
 //!   the debug data `too_many_pings` — this client pings more often than the server allows
 //!   (gRFC A8: double the keepalive interval for new connections).
@@ -32,6 +35,32 @@ pub fn never_sent(error: &(dyn Error + 'static)) -> bool {
         }
         if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
             return hyper.is_canceled();
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// The words of the error with which a connector that watches its connections (the kit's)
+/// fails a connection that closed or broke before the server sent a single byte.
+/// [`closed_before_server_spoke`] looks for them: h2 passes an I/O error's words on, but not
+/// its type.
+pub const CLOSED_BEFORE_SERVER_SPOKE: &str =
+    "the connection closed before the server sent anything";
+
+/// Whether `error` is a connection that closed or broke before the server sent a single byte
+/// (as a connector reports it with [`CLOSED_BEFORE_SERVER_SPOKE`]). An HTTP/2 server sends its
+/// preface before it reads a request, so no server code saw a call sent on it: the calls of
+/// a server that stops and resets the connections still in its accept queue (tonic does), or
+/// of an address whose process just died. Safe to send again elsewhere; evidence against the
+/// target all the same.
+pub fn closed_before_server_spoke(error: &(dyn Error + 'static)) -> bool {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return io
+                .get_ref()
+                .is_some_and(|inner| inner.to_string() == CLOSED_BEFORE_SERVER_SPOKE);
         }
         cur = e.source();
     }
@@ -124,6 +153,24 @@ fn h2_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a h2::Error> {
         cur = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod silent_tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_closed_before_the_server_spoke_is_told_through_h2() {
+        let io = io::Error::new(io::ErrorKind::ConnectionReset, CLOSED_BEFORE_SERVER_SPOKE);
+        assert!(closed_before_server_spoke(&io));
+        // h2 keeps the words, not the type (an error made again from its kind and its words):
+        // still told.
+        let words = io.get_ref().map(|inner| inner.to_string()).unwrap();
+        let again = io::Error::new(io.kind(), words);
+        assert!(closed_before_server_spoke(&again));
+        let plain = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(!closed_before_server_spoke(&plain));
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,9 @@ fn breaker(i: u8, base: Instant) -> BreakerState {
         1 => BreakerState::Open {
             until: base + Duration::from_secs(3600 * u64::from(i)),
         },
-        2 => BreakerState::HalfOpen,
+        2 => BreakerState::HalfOpen {
+            busy: i.is_multiple_of(2),
+        },
         3 => BreakerState::ForcedOpen,
         _ => BreakerState::Disabled,
     }
@@ -341,6 +343,18 @@ async fn every_change_of_a_line_is_one_event_on_the_card_and_on_its_peer_set() {
         .set_health(HealthVerdict::Unhealthy, Some("SERVICE_UNKNOWN".into()))
         .unwrap();
     assert!(!reason_only.is_transition());
+    // Half-open with every probe permit taken, then one given back: changes of the card
+    // (its eligibility), not transitions of the breaker.
+    let b3 = EndpointCard::new("b3");
+    let half_open = b3.set_breaker(BreakerState::HalfOpen { busy: false }, None);
+    assert!(half_open.unwrap().is_transition());
+    for busy in [true, false] {
+        let permits = b3
+            .set_breaker(BreakerState::HalfOpen { busy }, None)
+            .unwrap();
+        assert!(!permits.is_transition());
+        assert_eq!(b3.is_eligible(), !busy);
+    }
     b2.quarantine_for(Duration::from_secs(5), Some("UNAVAILABLE".into()));
 
     let card_events: Vec<CardEvent> = std::iter::from_fn(|| on_card.try_recv().ok()).collect();
@@ -356,4 +370,83 @@ async fn every_change_of_a_line_is_one_event_on_the_card_and_on_its_peer_set() {
     peers.remove("b2");
     b2.clear_quarantine();
     assert!(on_set.try_recv().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_reason_kept_on_a_card_is_bounded() {
+    // Server text can be anything, of any length: a line keeps its first characters only.
+    let long: String = "é".repeat(10_000);
+    let card = EndpointCard::new("b1");
+    let mut events = card.subscribe();
+    card.set_health(HealthVerdict::Unhealthy, Some(long.as_str().into()));
+    card.quarantine_for(Duration::from_secs(5), Some(long.as_str().into()));
+    card.set_breaker(BreakerState::ForcedOpen, Some(long.as_str().into()));
+    let snap = card.snapshot();
+    for reason in [
+        &snap.health.reason,
+        &snap.quarantine.reason,
+        &snap.breaker.reason,
+    ] {
+        let reason = reason.as_deref().unwrap();
+        assert!(
+            reason.chars().count() <= 241,
+            "{} chars",
+            reason.chars().count()
+        );
+        assert!(
+            reason.starts_with("éé") && reason.ends_with('…'),
+            "{reason}"
+        );
+    }
+    // Events carry the reason as kept.
+    while let Ok(event) = events.try_recv() {
+        assert!(event.reason.unwrap().chars().count() <= 241);
+    }
+    // A short reason is kept whole.
+    card.set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
+    assert_eq!(card.health().reason.as_deref(), Some("NOT_SERVING"));
+    let summary = card.eligibility().unwrap_err().to_string();
+    assert!(summary.len() < 3 * 241 * 2 + 200, "{} bytes", summary.len());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_set_keeps_join_order_through_removals_and_replacements() {
+    use endpoint_state::Peers;
+    let peers = Peers::new();
+    let cards: Vec<_> = (0..100)
+        .map(|i| EndpointCard::new(format!("c{i}")))
+        .collect();
+    for c in &cards {
+        assert!(peers.add(c));
+        assert!(!peers.add(c), "the same card again changes nothing");
+    }
+    let v = peers.version();
+    // Remove every card but each seventh (the slots are compacted on the way).
+    for (i, c) in cards.iter().enumerate() {
+        if i % 7 != 0 {
+            assert!(peers.remove_card(c));
+            assert!(!peers.remove_card(c));
+        }
+    }
+    assert!(peers.version() > v);
+    let names: Vec<String> = peers
+        .cards()
+        .iter()
+        .map(|c| c.target().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..100).step_by(7).map(|i| format!("c{i}")).collect();
+    assert_eq!(names, expected);
+    assert!(cards[1].peers().is_none(), "a removed card is in no set");
+    // A different card with a member's name takes its place (and its position).
+    let newer = EndpointCard::new("c7");
+    assert!(peers.add(&newer));
+    assert!(peers.get("c7").unwrap().same_card(&newer));
+    assert!(cards[7].peers().is_none());
+    assert_eq!(peers.cards()[1].target(), "c7");
+    assert!(peers.remove("c14").is_some() && !peers.contains("c14"));
+    assert_eq!(peers.len(), expected.len() - 1);
+    // Joining another set leaves this one.
+    let other = Peers::new();
+    other.add(&cards[0]);
+    assert!(!peers.contains("c0") && other.contains("c0"));
 }

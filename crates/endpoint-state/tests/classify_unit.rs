@@ -17,7 +17,8 @@ type Seen = Arc<Mutex<Vec<Outcome>>>;
 
 fn listener(seen: &Seen) -> impl FnOnce(Outcome) + Send + Clone + 'static {
     let seen = seen.clone();
-    move |o| seen.lock().unwrap().push(o)
+    // A failed assertion must not poison the record for the listener of a body dropped later.
+    move |o| seen.lock().unwrap_or_else(|p| p.into_inner()).push(o)
 }
 
 #[tokio::test]
@@ -99,8 +100,9 @@ async fn trailers_only_is_reported_at_the_headers_and_not_again() {
 
 #[test]
 fn error_chains() {
-    // tonic's own local timeout arrives as CANCELLED "Timeout expired".
-    let s = CallStatus::from_error(&tonic::Status::cancelled("Timeout expired"));
+    // tonic's own local timeout arrives as CANCELLED, caused by its `TimeoutExpired`.
+    let timeout = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+    let s = CallStatus::from_error(&timeout);
     assert_eq!(s.code, Code::DeadlineExceeded);
     // A cancellation for another reason stays CANCELLED.
     let s = CallStatus::from_error(&tonic::Status::cancelled("client went away"));
@@ -171,5 +173,312 @@ fn a_call_the_server_did_not_process_counts_neither_way() {
     assert_eq!(
         FailureCodes::quarantine_default().classify(&outcome),
         Verdict::Failure
+    );
+}
+
+// ----- responses that are not gRPC, and frames the client cannot decode -----
+
+/// An HTML page, as a proxy answers with `200 OK` when the backend behind it is gone.
+fn html_page() -> Response<http_body_util::Full<bytes::Bytes>> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "text/html; charset=utf-8")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"<html><body>502 Bad Gateway</body></html>",
+        )))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_html_page_from_a_proxy_is_a_failure_known_at_the_headers() {
+    let seen = Seen::default();
+    let resp = html_page();
+    let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
+    let body = fut.await.unwrap().into_body();
+    assert_eq!(seen.lock().unwrap().len(), 1, "judged at the headers");
+    // tonic's client gives up on such a body and drops it: that is no abandonment.
+    drop(body);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    let status = seen[0].status().expect("a failure, not an abandoned call");
+    assert!(matches!(seen[0], Outcome::Completed(_)), "{:?}", seen[0]);
+    assert_eq!(
+        status.code,
+        Code::Unknown,
+        "HTTP 200 without gRPC: UNKNOWN, as gRPC maps it"
+    );
+    assert!(status.message.contains("text/html"), "{status}");
+    assert_eq!(status.source, OutcomeSource::NotGrpc);
+    assert_eq!(
+        FailureCodes::breaker_default().classify(&seen[0]),
+        Verdict::Failure
+    );
+}
+
+#[tokio::test]
+async fn grpc_content_types_are_grpc() {
+    for content_type in [
+        "application/grpc",
+        "application/grpc+proto",
+        "application/grpc;x=1",
+    ] {
+        let seen = Seen::default();
+        let mut resp = test_backends::synthetic::reply(Code::Ok, None);
+        resp.headers_mut()
+            .insert("content-type", content_type.parse().unwrap());
+        let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
+        let body = fut.await.unwrap().into_body();
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "{content_type}: the status is to come"
+        );
+        drop(body.collect().await);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].status().unwrap().code, Code::Ok, "{content_type}");
+    }
+}
+
+/// A response that says gRPC, whose body starts with `data`, and then never ends.
+fn grpc_reply_with(data: &'static [u8]) -> Response<DataThenHang> {
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .body(DataThenHang(Some(bytes::Bytes::from_static(data))))
+        .unwrap()
+}
+
+/// One data frame, then nothing (pending) for ever.
+struct DataThenHang(Option<bytes::Bytes>);
+
+impl http_body::Body for DataThenHang {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        match self.0.take() {
+            Some(data) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// Reads the first frame of a classified reply, then drops the body (as tonic does when it
+/// cannot decode a message, and as a caller does when it gives up): the outcome reported.
+async fn first_frame_then_drop(resp: Response<DataThenHang>) -> Outcome {
+    let seen = Seen::default();
+    let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
+    let mut body = fut.await.unwrap().into_body();
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    drop(body);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    seen[0].clone()
+}
+
+#[tokio::test]
+async fn a_frame_the_client_cannot_decode_is_a_failure_when_the_body_is_dropped() {
+    // The first byte of a gRPC message is its compression flag: 0 or 1, nothing else.
+    let outcome = first_frame_then_drop(grpc_reply_with(b"\x7fnot a grpc frame")).await;
+    let status = outcome.status().expect("a failure, not an abandoned call");
+    assert_eq!(status.code, Code::Internal, "as tonic reports it: {status}");
+    assert_eq!(status.source, OutcomeSource::Malformed);
+    assert_eq!(
+        status.to_string(),
+        "INTERNAL: malformed gRPC message: compression flag 0x7f (valid flags are 0 and 1): \
+         not a gRPC message"
+    );
+    assert_eq!(
+        FailureCodes::breaker_default().classify(&outcome),
+        Verdict::Failure
+    );
+    // A compressed message without a `grpc-encoding` cannot be decoded either.
+    let outcome = first_frame_then_drop(grpc_reply_with(b"\x01\0\0\0\x02hi")).await;
+    assert_eq!(outcome.status().map(|s| s.code), Some(Code::Internal));
+    // The second message of a stream is read as carefully as the first.
+    let outcome = first_frame_then_drop(grpc_reply_with(b"\0\0\0\0\x05hello\x09\0\0\0\x01x")).await;
+    assert_eq!(outcome.status().map(|s| s.code), Some(Code::Internal));
+}
+
+#[tokio::test]
+async fn a_well_formed_reply_dropped_midway_is_still_abandoned() {
+    // Whole messages, or one cut in the middle: the caller may simply have stopped reading.
+    for data in [
+        &b"\0\0\0\0\x05hello"[..],
+        &b"\0\0\0\0\x05hel"[..],
+        &b"\0\0\0"[..],
+        &b"\0\0\0\0\x05hello\0\0\0\0\x01x"[..],
+    ] {
+        let outcome = first_frame_then_drop(grpc_reply_with(data)).await;
+        assert_eq!(outcome, Outcome::Abandoned, "{data:?}");
+    }
+    // A compressed message with its encoding named is well formed.
+    let mut resp = grpc_reply_with(b"\x01\0\0\0\x02hi");
+    resp.headers_mut()
+        .insert("grpc-encoding", "gzip".parse().unwrap());
+    assert_eq!(first_frame_then_drop(resp).await, Outcome::Abandoned);
+}
+
+#[tokio::test]
+async fn tonic_s_own_client_fails_an_html_page_and_the_target_is_charged() {
+    use test_backends::pb::Ping;
+    use test_backends::pb::test_service_client::TestServiceClient;
+    let seen = Seen::default();
+    let proxy = tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+        Ok::<_, Infallible>(html_page())
+    });
+    let classified = endpoint_state::Classify::new(proxy, listener(&seen));
+    let mut client = TestServiceClient::new(classified);
+    let err = client.unary(Ping::default()).await.unwrap_err();
+    // What the caller sees is tonic's: INTERNAL (the first byte, `<`, is no compression flag).
+    assert_eq!(err.code(), Code::Internal, "{err}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(matches!(seen[0], Outcome::Completed(_)), "{:?}", seen[0]);
+    assert_eq!(
+        FailureCodes::breaker_default().classify(&seen[0]),
+        Verdict::Failure
+    );
+}
+
+#[test]
+fn only_the_client_s_own_timeout_becomes_deadline_exceeded() {
+    // tonic's local timeout: a CANCELLED status whose source is tonic's `TimeoutExpired`.
+    let local = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+    assert_eq!(
+        local.code(),
+        Code::Cancelled,
+        "tonic reports its timeout as CANCELLED"
+    );
+    assert_eq!(CallStatus::from_error(&local).code, Code::DeadlineExceeded);
+    // The bare error, below tonic's conversion.
+    assert_eq!(
+        CallStatus::from_error(&tonic::TimeoutExpired(())).code,
+        Code::DeadlineExceeded
+    );
+    // A server's own CANCELLED stays CANCELLED, whatever its message says.
+    let server = tonic::Status::cancelled("Timeout expired");
+    assert_eq!(CallStatus::from_error(&server).code, Code::Cancelled);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("grpc-status", "1".parse().unwrap());
+    headers.insert("grpc-message", "Timeout expired".parse().unwrap());
+    let from_trailers = CallStatus::from_headers(&headers, OutcomeSource::Trailers).unwrap();
+    assert_eq!(from_trailers.code, Code::Cancelled);
+}
+
+/// The outcome of a gRPC reply whose body is `<html>` and then `trailers`, read to its end.
+async fn html_then(trailers: http::HeaderMap) -> Outcome {
+    let seen = Seen::default();
+    let resp = Response::builder()
+        .header("content-type", "application/grpc")
+        .body(http_body_util::StreamBody::new(futures_util::stream::iter(
+            [
+                Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from_static(b"<html>"))),
+                Ok(http_body::Frame::trailers(trailers)),
+            ],
+        )))
+        .unwrap();
+    let fut = ResponseFuture::new(async { Ok::<_, Infallible>(resp) }, Some(listener(&seen)));
+    let body = fut.await.unwrap().into_body();
+    drop(body.collect().await);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    seen[0].clone()
+}
+
+#[tokio::test]
+async fn a_status_in_the_trailers_after_malformed_data_says_which_failure() {
+    // Malformed data, then the server's own error: its error is the outcome.
+    let outcome = html_then(trailers(Code::Unavailable, Some("going away"))).await;
+    let status = outcome.status().unwrap();
+    assert_eq!(
+        (status.code, status.source),
+        (Code::Unavailable, OutcomeSource::Trailers)
+    );
+    // Malformed data, then `OK`: the client could not read it, so it did not succeed.
+    let outcome = html_then(trailers(Code::Ok, None)).await;
+    let status = outcome.status().unwrap();
+    assert_eq!(
+        (status.code, status.source),
+        (Code::Internal, OutcomeSource::Malformed)
+    );
+}
+
+fn answer(status: u16, content_type: Option<&str>) -> Response<()> {
+    let mut builder = Response::builder().status(status);
+    if let Some(ct) = content_type {
+        builder = builder.header("content-type", ct);
+    }
+    builder.body(()).unwrap()
+}
+
+#[test]
+fn one_rule_tells_a_response_that_is_not_grpc() {
+    // gRPC: its content type, with or without a subtype; no content type at all (as tonic).
+    for ct in [
+        Some("application/grpc"),
+        Some("application/grpc+proto"),
+        None,
+    ] {
+        assert_eq!(
+            CallStatus::of_non_grpc_response(&answer(200, ct)),
+            None,
+            "{ct:?}"
+        );
+    }
+    // A trailers-only answer is gRPC whatever else it says.
+    let mut trailers_only = answer(200, Some("text/html"));
+    trailers_only
+        .headers_mut()
+        .insert("grpc-status", http::HeaderValue::from_static("14"));
+    assert_eq!(CallStatus::of_non_grpc_response(&trailers_only), None);
+
+    let page = CallStatus::of_non_grpc_response(&answer(200, Some("text/html"))).unwrap();
+    assert_eq!(
+        (page.code, page.source),
+        (Code::Unknown, OutcomeSource::NotGrpc)
+    );
+    let proxy = CallStatus::of_non_grpc_response(&answer(503, Some("text/plain"))).unwrap();
+    assert_eq!(
+        (proxy.code, proxy.source),
+        (Code::Unavailable, OutcomeSource::NotGrpc)
+    );
+    let bare = CallStatus::of_non_grpc_response(&answer(404, Some("application/grpc"))).unwrap();
+    assert_eq!(
+        (bare.code, bare.source),
+        (Code::Unimplemented, OutcomeSource::HttpStatus)
+    );
+
+    // The error a transport fails the call with carries the same judgement.
+    let err =
+        endpoint_state::NotGrpcResponse::check("http://b0:1", &answer(503, Some("text/plain")))
+            .unwrap();
+    let wrapped: Box<dyn std::error::Error + Send + Sync> = Box::new(err);
+    assert_eq!(CallStatus::from_error(&*wrapped), proxy);
+}
+
+#[test]
+fn a_reply_that_is_not_grpc_fails_under_every_set_but_none() {
+    let page = Outcome::Completed(CallStatus::not_grpc(StatusCode::OK, b"text/html"));
+    let garbled = Outcome::Completed(CallStatus::malformed("compression flag 7"));
+    for outcome in [&page, &garbled] {
+        for set in [
+            FailureCodes::quarantine_default(),
+            FailureCodes::breaker_default(),
+            FailureCodes::from_codes([Code::DataLoss]),
+        ] {
+            assert_eq!(
+                set.classify(outcome),
+                Verdict::Failure,
+                "{set:?} {outcome:?}"
+            );
+        }
+        assert_eq!(FailureCodes::NONE.classify(outcome), Verdict::Success);
+    }
+    // A gRPC UNKNOWN stays a success for a set without it.
+    let unknown = Outcome::Completed(CallStatus::new(Code::Unknown, OutcomeSource::Trailers));
+    assert_eq!(
+        FailureCodes::quarantine_default().classify(&unknown),
+        Verdict::Success
     );
 }

@@ -237,7 +237,7 @@ async fn an_open_gate_does_not_wake_its_last_waiter_on_later_changes() {
     assert!(t.is_woken());
     assert_ready!(t.enter(|cx, _| gate.poll_open(cx, health)));
     // Open now: the gate gave up its subscription, so unrelated writes leave the task alone.
-    card.set_breaker(BreakerState::HalfOpen, None);
+    card.set_breaker(BreakerState::HalfOpen { busy: false }, None);
     card.set_breaker(BreakerState::Closed, None);
     assert!(!t.is_woken());
 }

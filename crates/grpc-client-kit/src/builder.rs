@@ -23,6 +23,9 @@ use crate::registry::Registry;
 use crate::stack::{CHANGES_CAPACITY, KitDiscover, StackFactory};
 use crate::template::EndpointTemplate;
 
+mod address;
+pub(crate) use address::{normalize, resolve_address};
+
 /// Builds a [`Kit`]. Every setting has a default except the targets; [`build`](Self::build)
 /// validates everything first and starts nothing unless all of it is valid.
 ///
@@ -35,6 +38,7 @@ use crate::template::EndpointTemplate;
 /// | [`breaker`](Self::breaker) | open after 5 consecutive failures, for 5 s (growing) |
 /// | [`strategy`](Self::strategy) | round-robin |
 /// | [`wait_for_ready`](Self::wait_for_ready) | `false`: fail at once when nothing is eligible |
+/// | [`max_wait`](Self::max_wait) | none: a wait-for-ready call waits up to its deadline, or 20 s without one |
 /// | [`connecting_wait`](Self::connecting_wait) | 5 s: a call made while targets are connecting waits for their first verdicts |
 /// | [`transparent_retry`](Self::transparent_retry) | `true`: a call no backend acted on goes to another target |
 /// | [`dns`](Self::dns) | re-resolve by TTL, between 1 s and 30 s |
@@ -52,6 +56,8 @@ pub struct KitBuilder {
     balance: BalanceConfig,
     dns: DnsSettings,
     transparent_retry: bool,
+    /// The kit's name in its spans and metrics (`grpc.target`); `None`: its target.
+    name: Option<String>,
 }
 
 impl fmt::Debug for KitBuilder {
@@ -65,6 +71,7 @@ impl fmt::Debug for KitBuilder {
             .field("balance", &self.balance)
             .field("dns", &self.dns)
             .field("transparent_retry", &self.transparent_retry)
+            .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
@@ -96,19 +103,26 @@ impl KitBuilder {
             balance: BalanceConfig::default(),
             dns: DnsSettings::default(),
             transparent_retry: true,
+            name: None,
         }
     }
 
     /// One target: an address (`http://10.0.0.7:50051`; `10.0.0.7:50051` means `http://`) or a
     /// DNS name re-resolved as its records change (`dns:///billing.svc:50051`, see
     /// [`dns`](crate::dns)). Exclusive with [`targets`](Self::targets).
+    ///
+    /// The target's name — in statuses, logs, metrics, [`Kit::card`] — is the address with its
+    /// scheme and host lowercased. An address with user info (`http://user:secret@host:1`) is
+    /// refused: the credentials would be in every one of those.
     #[must_use]
     pub fn target(mut self, target: impl Into<String>) -> Self {
         self.target = Some(target.into());
         self
     }
 
-    /// A fixed list of addresses. Exclusive with [`target`](Self::target).
+    /// A fixed list of addresses. Exclusive with [`target`](Self::target). Two addresses that
+    /// differ only in the case of their scheme or host are the same target: refused as a
+    /// duplicate.
     #[must_use]
     pub fn targets<I>(mut self, targets: I) -> Self
     where
@@ -207,7 +221,10 @@ impl KitBuilder {
     /// A call the backend may have acted on (reset, broken pipe, any status it returned) is
     /// never sent again; nor is one whose request body was longer than 64 KiB once sent. The
     /// cost on every call is keeping the request's headers (one clone) and its body's frames
-    /// (shared, not copied) until it completes.
+    /// (shared, not copied) until it completes — never longer: when the call ends (answered,
+    /// failed or dropped) what it kept is dropped, and a client stream's producer sees its
+    /// channel close. All the calls of one kit keep at most 64 MiB of body frames together; a
+    /// call whose frames do not fit goes without transparent retry.
     #[must_use]
     pub fn transparent_retry(mut self, retry: bool) -> Self {
         self.transparent_retry = retry;
@@ -226,7 +243,11 @@ impl KitBuilder {
         self
     }
 
-    /// With [`wait_for_ready`](Self::wait_for_ready): the longest a call waits.
+    /// With [`wait_for_ready`](Self::wait_for_ready): a cap on how long any call waits for an
+    /// eligible target — its own deadline, when sooner, ends the wait first. Not set by default:
+    /// a call waits up to its own deadline, as gRPC's wait-for-ready does, and a call without a
+    /// deadline up to [`BalanceConfig::DEFAULT_MAX_WAIT`] (20 s), so that none waits forever. A
+    /// duration beyond any clock (`Duration::MAX`) is as long as anything waits.
     #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.balance.max_wait = Some(max_wait);
@@ -237,6 +258,16 @@ impl KitBuilder {
     #[must_use]
     pub fn balance(mut self, config: BalanceConfig) -> Self {
         self.balance = config;
+        self
+    }
+
+    /// The kit's name in its `debug` spans and its metrics (the `grpc.target` label: see the
+    /// `metrics` module, with the `metrics` feature): tells two kits of one process apart.
+    /// Default: the kit's target as configured — the `dns:` URI, the one address, or the
+    /// addresses joined with `,`.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -255,6 +286,10 @@ impl KitBuilder {
     pub fn build(self) -> Result<Kit, BuildError> {
         // 1. Validate everything; nothing below starts anything.
         let spec = self.target_spec()?;
+        let name: Arc<str> = match &self.name {
+            Some(name) => Arc::from(name.as_str()),
+            None => spec.name(),
+        };
         let checker: Option<HealthChecker> = match self.health {
             Some(config) => Some(
                 config
@@ -301,10 +336,15 @@ impl KitBuilder {
             group,
             breaker,
             breaker_enabled,
-            #[cfg(feature = "metrics")]
-            metrics: crate::metrics::KitMetrics::default(),
+            own_connector: self.template.is_known(),
+            observe: crate::observe::Observer::new(name),
         };
-        let registry = Arc::new(Registry::new(factory, checker, changes_tx));
+        let registry = Arc::new(Registry::new(
+            factory,
+            checker,
+            self.template.clone(),
+            changes_tx,
+        ));
         let mut initial = Vec::new();
         let mut probes = Vec::new();
         let static_count;
@@ -332,7 +372,12 @@ impl KitBuilder {
         #[cfg_attr(not(any(feature = "dns", feature = "metrics")), allow(unused_mut))]
         let mut tasks = Vec::new();
         #[cfg(feature = "metrics")]
-        tasks.push(crate::metrics::observe(&runtime, card_events));
+        tasks.push(crate::metrics::observe(
+            &runtime,
+            card_events,
+            registry.factory.observe.metrics().clone(),
+            balance.clone(),
+        ));
         let (resolved, dns_name) = match spec {
             TargetSpec::Static(_) => (None, None),
             #[cfg(feature = "dns")]
@@ -360,7 +405,7 @@ impl KitBuilder {
             dns = dns_name.as_deref().unwrap_or(""),
             strategy,
             health = registry.checker.is_some(),
-            "grpc-client-kit started"
+            "kit started"
         );
         Ok(Kit {
             life: Arc::new(Life {
@@ -445,26 +490,7 @@ impl KitBuilder {
     }
 
     fn resolve_static(&self, field: &str, t: &str) -> Result<(Arc<str>, Endpoint), ConfigError> {
-        let uri = normalize(t);
-        let bad = |why: String| {
-            ConfigError::problem(
-                crate::error::CONFIG,
-                field.to_owned(),
-                format!("{t:?}"),
-                why,
-            )
-        };
-        let parsed: http::Uri = uri
-            .parse()
-            .map_err(|e| bad(format!("not a valid address: {e}")))?;
-        if parsed.host().is_none() {
-            return Err(bad("the address has no host".to_owned()));
-        }
-        let endpoint = self
-            .template
-            .endpoint(&uri)
-            .map_err(|e| bad(format!("the endpoint template refused it: {e}")))?;
-        Ok((Arc::from(uri), endpoint))
+        resolve_address(&self.template, field, t)
     }
 }
 
@@ -475,13 +501,16 @@ enum TargetSpec {
     Dns(DnsTarget),
 }
 
-/// `10.0.0.7:50051` means `http://10.0.0.7:50051`.
-pub(crate) fn normalize(target: &str) -> String {
-    let target = target.trim();
-    if target.contains("://") {
-        target.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{target}")
+impl TargetSpec {
+    /// The kit's default name: the `dns:` URI, or the addresses joined with `,`.
+    fn name(&self) -> Arc<str> {
+        match self {
+            TargetSpec::Static(list) => {
+                let names: Vec<&str> = list.iter().map(|(name, _)| &**name).collect();
+                Arc::from(names.join(","))
+            }
+            TargetSpec::Dns(target) => Arc::from(target.name()),
+        }
     }
 }
 

@@ -8,11 +8,20 @@
 //! endpoint template and health-checked like any other.
 //!
 //! The name is resolved again when the answer's TTL runs out — never sooner than
-//! [`min_refresh`](DnsSettings::min_refresh) nor later than [`refresh`](DnsSettings::refresh)
-//! — and the target set follows: new addresses are added, vanished ones removed (their calls in
-//! flight finish). A failed resolution, or an answer with no address, keeps the targets already
-//! known (as gRPC clients do), retries with backoff (from `min_refresh`, doubling, at most
-//! `refresh`), and is named in the error of any call that finds no healthy target
+//! [`min_refresh`](DnsSettings::min_refresh) (at least 1 s) nor later than
+//! [`refresh`](DnsSettings::refresh) — and the target set follows: new addresses are added at
+//! once; an address is removed (its calls in flight finish) once it is **missing from two
+//! answers in a row**. Resolvers often answer with a subset of the records (a multivalue
+//! answer, a truncated one): an address missing from one answer keeps its target — its
+//! connection, its breaker and quarantine state — rather than being removed and added back.
+//!
+//! An answer is taken with care: the unspecified addresses (`0.0.0.0`, `::`), which no server
+//! listens on, are dropped with a warning; at most
+//! [`max_addresses`](DnsSettings::max_addresses) addresses are kept (those already known
+//! first, then in address order), with a warning when an answer is cut. A failed resolution,
+//! or an answer with no usable address, keeps the targets already known (as gRPC clients do),
+//! retries with backoff (from `min_refresh`, doubling, at most `refresh`), and is named in the
+//! error of any call that finds no healthy target
 //! ([`DiscoveryFailed`](crate::error::DiscoveryFailed)).
 
 use endpoint_state::ConfigError;
@@ -144,6 +153,25 @@ pub struct DnsSettings {
     /// The scheme of the resolved targets' URIs: `http` (default) or `https`.
     #[serde(default = "default_scheme")]
     pub scheme: String,
+    /// The most addresses taken from one answer (default 1024): each is a target with its own
+    /// connections, probes and card. Those already known are kept first; the rest of a longer
+    /// answer is dropped with a warning.
+    #[serde(default = "default_max_addresses")]
+    pub max_addresses: usize,
+}
+
+/// The shortest [`DnsSettings::min_refresh`] accepted: 1 s. A TTL-0 answer (common for
+/// headless services) is re-resolved every `min_refresh`; below a second that is a query loop
+/// against the resolver, for no gain — no change of records needs a faster reaction than the
+/// health checker's (gRPC's own DNS resolvers wait 30 s between resolutions).
+pub const MIN_REFRESH_FLOOR: Duration = Duration::from_secs(1);
+
+/// How many answers in a row an address must be missing from before its target is removed.
+#[cfg(feature = "dns")]
+const MISSES_TO_REMOVE: u32 = 2;
+
+fn default_max_addresses() -> usize {
+    1024
 }
 
 fn default_refresh() -> Duration {
@@ -164,6 +192,7 @@ impl Default for DnsSettings {
             refresh: default_refresh(),
             min_refresh: default_min_refresh(),
             scheme: default_scheme(),
+            max_addresses: default_max_addresses(),
         }
     }
 }
@@ -190,14 +219,30 @@ impl DnsSettings {
         self
     }
 
+    /// Sets [`max_addresses`](Self::max_addresses).
+    #[must_use]
+    pub fn max_addresses(mut self, max: usize) -> Self {
+        self.max_addresses = max;
+        self
+    }
+
     /// Checks every field; the error names the first bad one and its value.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.min_refresh.is_zero() {
+        if self.min_refresh < MIN_REFRESH_FLOOR {
             return Err(ConfigError::problem(
                 crate::error::CONFIG,
                 "dns.min_refresh",
                 format!("{:?}", self.min_refresh),
-                "must be more than zero",
+                "must be at least 1 s: a TTL-0 answer is re-resolved every min_refresh, and \
+                 below a second that is a query loop against the resolver",
+            ));
+        }
+        if self.max_addresses == 0 {
+            return Err(ConfigError::problem(
+                crate::error::CONFIG,
+                "dns.max_addresses",
+                "0",
+                "must be at least 1",
             ));
         }
         if self.refresh < self.min_refresh {
@@ -242,7 +287,7 @@ pub(crate) use running::{resolver, run};
 mod running {
     use super::*;
 
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeSet, HashMap, HashSet};
 
     use hickory_resolver::config::{
         ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig,
@@ -309,20 +354,19 @@ mod running {
         resolved: watch::Sender<bool>,
     ) {
         let mut failures: u32 = 0;
+        let mut answers = Answers::default();
         loop {
             let outcome = match resolver.lookup_ip(target.host.as_str()).await {
                 Ok(lookup) => {
-                    let addrs: BTreeSet<SocketAddr> = lookup
-                        .iter()
-                        .map(|ip| SocketAddr::new(ip, target.port))
-                        .collect();
-                    if addrs.is_empty() {
-                        Err(format!("no address for {}", target.host))
-                    } else {
-                        let ttl = lookup
-                            .valid_until()
-                            .saturating_duration_since(std::time::Instant::now());
-                        Ok((addrs, ttl))
+                    let ips: Vec<IpAddr> = lookup.iter().collect();
+                    match answers.usable(&target, &ips) {
+                        Some(addrs) => {
+                            let ttl = lookup
+                                .valid_until()
+                                .saturating_duration_since(std::time::Instant::now());
+                            Ok((addrs, ttl))
+                        }
+                        None => Err(format!("no usable address for {}", target.host)),
                     }
                 }
                 Err(e) => Err(e.to_string()),
@@ -330,11 +374,19 @@ mod running {
             let wait = match outcome {
                 Ok((addrs, ttl)) => {
                     if failures > 0 {
-                        tracing::info!(name = %target, addresses = addrs.len(), "grpc-client-kit: DNS resolution works again");
+                        tracing::info!(name = %target, addresses = addrs.len(), "DNS resolution works again");
                     }
                     failures = 0;
                     state.clear_dns_failure();
-                    sync(&target, &settings, &registry, &template, &addrs).await;
+                    sync(
+                        &target,
+                        &settings,
+                        &registry,
+                        &template,
+                        &addrs,
+                        &mut answers,
+                    )
+                    .await;
                     resolved.send_replace(true);
                     ttl.clamp(settings.min_refresh, settings.refresh)
                 }
@@ -342,9 +394,9 @@ mod running {
                     failures = failures.saturating_add(1);
                     let known = registry.names().len();
                     if failures == 1 {
-                        tracing::warn!(name = %target, error = %reason, known_targets = known, "grpc-client-kit: DNS resolution failed; keeping the targets known");
+                        tracing::warn!(name = %target, error = %reason, known_targets = known, "DNS resolution failed; keeping the targets known");
                     } else {
-                        tracing::debug!(name = %target, error = %reason, failures, "grpc-client-kit: DNS resolution still failing");
+                        tracing::debug!(name = %target, error = %reason, failures, "DNS resolution still failing");
                     }
                     state.set_dns_failure(target.name.clone(), Arc::from(reason));
                     settings.retry_after(failures)
@@ -354,31 +406,113 @@ mod running {
         }
     }
 
-    /// Makes the registry's targets the resolved addresses.
+    /// What the task remembers between answers: how many answers in a row each known target
+    /// has been missing from, and what the last answer's warnings were about (each warned once
+    /// while it lasts).
+    #[derive(Debug, Default)]
+    pub(super) struct Answers {
+        missed: HashMap<Arc<str>, u32>,
+        unspecified: BTreeSet<IpAddr>,
+        cut: usize,
+    }
+
+    impl Answers {
+        /// The answer's usable addresses: without the unspecified ones (warned about). `None`
+        /// when none is left.
+        pub(super) fn usable(
+            &mut self,
+            target: &DnsTarget,
+            ips: &[IpAddr],
+        ) -> Option<BTreeSet<SocketAddr>> {
+            let (unspecified, usable): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
+                ips.iter().partition(|ip| ip.is_unspecified());
+            if !unspecified.is_empty() && unspecified != self.unspecified {
+                tracing::warn!(name = %target, addresses = ?unspecified, "DNS answered with an unspecified address, which no server listens on; dropped");
+            }
+            self.unspecified = unspecified;
+            let addrs: BTreeSet<SocketAddr> = usable
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, target.port))
+                .collect();
+            (!addrs.is_empty()).then_some(addrs)
+        }
+
+        /// What an answer (its target names) changes, given the targets known: the names to
+        /// add (at most `max` targets in all, the known ones first) and those to remove (missing
+        /// from [`MISSES_TO_REMOVE`] answers in a row).
+        pub(super) fn plan(
+            &mut self,
+            target: &DnsTarget,
+            known: &[Arc<str>],
+            answer: BTreeSet<Arc<str>>,
+            max: usize,
+        ) -> Plan {
+            let known_set: HashSet<&Arc<str>> = known.iter().collect();
+            let mut remove = Vec::new();
+            let mut kept = 0usize;
+            for name in known {
+                if answer.contains(name) {
+                    self.missed.remove(name);
+                    kept += 1;
+                    continue;
+                }
+                let missed = self.missed.entry(name.clone()).or_insert(0);
+                *missed += 1;
+                if *missed >= MISSES_TO_REMOVE {
+                    self.missed.remove(name);
+                    remove.push(name.clone());
+                } else {
+                    kept += 1;
+                }
+            }
+            // Counts of targets no longer known (removed by the kit's shutdown) are forgotten.
+            self.missed.retain(|name, _| known_set.contains(name));
+            let new: Vec<Arc<str>> = answer
+                .into_iter()
+                .filter(|name| !known_set.contains(name))
+                .collect();
+            let room = max.saturating_sub(kept);
+            let cut = new.len().saturating_sub(room);
+            if cut > 0 && cut != self.cut {
+                tracing::warn!(name = %target, dropped = cut, max_addresses = max, "DNS answer has more addresses than dns.max_addresses; the rest are dropped");
+            }
+            self.cut = cut;
+            let add = new.into_iter().take(room).collect();
+            Plan { add, remove }
+        }
+    }
+
+    /// What one answer changes.
+    #[derive(Debug, PartialEq, Eq)]
+    pub(super) struct Plan {
+        pub(super) add: Vec<Arc<str>>,
+        pub(super) remove: Vec<Arc<str>>,
+    }
+
+    /// Makes the registry's targets follow the resolved addresses (see [`Answers::plan`]).
     async fn sync(
         target: &DnsTarget,
         settings: &DnsSettings,
         registry: &Registry,
         template: &EndpointTemplate,
         addrs: &BTreeSet<SocketAddr>,
+        answers: &mut Answers,
     ) {
-        let wanted: BTreeSet<Arc<str>> = addrs
+        let answer: BTreeSet<Arc<str>> = addrs
             .iter()
             .map(|a| target_uri(&settings.scheme, *a))
             .collect();
-        for name in registry.names() {
-            if !wanted.contains(&name) {
-                registry.remove(&name).await;
-            }
+        let plan = answers.plan(target, &registry.names(), answer, settings.max_addresses);
+        for name in &plan.remove {
+            registry.remove(name).await;
         }
-        for name in wanted {
-            if registry.contains(&name) {
-                continue;
-            }
+        for name in plan.add {
             match template.endpoint(&name) {
-                Ok(endpoint) => registry.add(name, &endpoint).await,
+                Ok(endpoint) => {
+                    registry.add(name, &endpoint).await;
+                }
                 Err(error) => {
-                    tracing::warn!(name = %target, target = %name, %error, "grpc-client-kit: the endpoint template refused a resolved address");
+                    tracing::warn!(name = %target, backend = %name, %error, "the endpoint template refused a resolved address");
                 }
             }
         }

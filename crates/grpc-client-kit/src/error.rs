@@ -9,6 +9,8 @@
 //! | no target is eligible (unhealthy, breaker open, ...) | [`NoHealthyTargets`](crate::balance::NoHealthyTargets) | `UNAVAILABLE` (`DEADLINE_EXCEEDED` when a wait-for-ready call ran out its own deadline) |
 //! | ... and the DNS name cannot be resolved | [`DiscoveryFailed`] | `UNAVAILABLE` |
 //! | a transport error on the chosen target (refused, reset, ...) | [`TransportError`] | `UNAVAILABLE` (`DEADLINE_EXCEEDED` for a local timeout) |
+//! | the target answered with something that is not gRPC (a proxy's HTML page, a `503` without `grpc-status`) | [`NotGrpcResponse`] | gRPC's mapping of the HTTP status: `UNKNOWN` for 200, `UNAVAILABLE` for 502/503/504, ... |
+//! | the call's deadline passed inside the kit (connecting, waiting for headers, reading the body) | [`DeadlineExceeded`] | `DEADLINE_EXCEEDED` |
 //! | the kit was shut down | [`KitShutDown`] | `UNAVAILABLE` |
 //!
 //! Each is a typed error whose [`source`](Error::source) is the matching [`Status`]: tonic finds
@@ -27,6 +29,7 @@ use tonic::{Code, Status};
 
 /// tower's usual boxed error.
 pub use endpoint_state::BoxError;
+pub use endpoint_state::NotGrpcResponse;
 
 /// A configuration value the kit refuses: the core's [`ConfigError`], naming the field (as a
 /// path in the configuration file, `breaker.open.jitter`) and the value. Nothing was started.
@@ -246,6 +249,48 @@ impl fmt::Display for KitShutDown {
 }
 
 impl Error for KitShutDown {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.status)
+    }
+}
+
+/// A call's deadline passed inside the kit — while its target was connecting, while waiting
+/// for response headers, or while reading the body — naming the target and where the call was:
+/// `deadline exceeded after 300 ms waiting for http://10.0.0.7:50051: connecting`. A generated
+/// client receives `DEADLINE_EXCEEDED` with that message (its [`source`](Error::source)).
+///
+/// The kit holds a call's deadline (its `grpc-timeout`) from the moment the call enters the
+/// channel, which tonic's own timer does not: an address that drops SYNs cannot hold a call
+/// past its deadline.
+#[derive(Debug)]
+pub struct DeadlineExceeded {
+    status: Status,
+}
+
+impl DeadlineExceeded {
+    pub(crate) fn new(budget: std::time::Duration, doing: fmt::Arguments<'_>) -> Self {
+        let message = format!(
+            "deadline exceeded after {} {doing}",
+            crate::stack::Waited(budget)
+        );
+        DeadlineExceeded {
+            status: Status::deadline_exceeded(message),
+        }
+    }
+
+    /// The status a gRPC client receives.
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+}
+
+impl fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.status.message())
+    }
+}
+
+impl Error for DeadlineExceeded {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         Some(&self.status)
     }

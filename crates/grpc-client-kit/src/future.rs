@@ -7,26 +7,37 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use balance_layer::{Balance, NoHealthyTargets};
+use balance_layer::{Balance, NoHealthyTargets, RequestDeadline};
 use bytes::Bytes;
+use endpoint_state::{BreakerState, CallStatus};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tonic::Status;
 use tower_service::Service;
 
 use crate::error::{BoxError, DiscoveryFailed, KitShutDown, TransportError};
-use crate::life::KitState;
+use crate::life::{KitState, Life};
+use crate::observe::CallGuard;
 use crate::retry::Unsent;
-use crate::stack::{KitDiscover, Request, Stack, StackBody};
+use crate::stack::{Deadline, KitDiscover, Request, Stack, StackBody, expired};
 
 type Inner = balance_layer::future::ResponseFuture<Arc<str>, Stack, Request>;
 
 pin_project! {
     /// The response future of [`KitChannel`](crate::KitChannel): the balancer's future, with
-    /// its errors made into gRPC statuses that name the target(s).
+    /// its errors made into gRPC statuses that name the target(s); or, when no target was
+    /// ready at once, a wait for one bounded by the call's deadline first.
     pub struct ResponseFuture {
         #[pin]
         state: State,
+        // The call's deadline, read when the kit took the call: the kit's own timer while the
+        // call waits above the balancer, and what a request sent later carries.
+        deadline: Option<Deadline>,
+        #[pin]
+        timer: Option<Sleep>,
+        // The call's span and metrics: handed to the body with the response.
+        trace: CallGuard,
     }
 }
 
@@ -39,12 +50,10 @@ pin_project! {
             notes: Option<Arc<KitState>>,
             retry: Option<Unsent>,
         },
-        // The first attempt reached no backend (or one that refused it): choosing a target for
-        // the second.
-        Repicking {
-            balance: Balance<KitDiscover, Request>,
-            request: Option<Request>,
-            notes: Option<Arc<KitState>>,
+        // No target was ready when the call was made, or the first attempt reached no backend
+        // (or one that refused it): waiting for the balancer to reserve a ready target.
+        Waiting {
+            waiting: Box<Waiting>,
         },
         Refused {
             error: Option<BoxError>,
@@ -52,11 +61,23 @@ pin_project! {
     }
 }
 
+/// A call waiting for a ready target (a rare path: boxed to keep the future small).
+struct Waiting {
+    balance: Balance<KitDiscover, Request>,
+    request: Option<Request>,
+    life: Arc<Life>,
+    retry: Option<Unsent>,
+    /// Whether this is the call's second attempt.
+    again: bool,
+}
+
 impl ResponseFuture {
     pub(crate) fn called(
         inner: Inner,
         notes: Option<Arc<KitState>>,
         retry: Option<Unsent>,
+        deadline: Option<Deadline>,
+        trace: CallGuard,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -64,12 +85,43 @@ impl ResponseFuture {
                 notes,
                 retry,
             },
+            deadline,
+            timer: None,
+            trace,
         }
     }
 
-    pub(crate) fn refused(error: BoxError) -> Self {
+    pub(crate) fn waiting(
+        balance: Balance<KitDiscover, Request>,
+        request: Request,
+        life: Arc<Life>,
+        retry: Option<Unsent>,
+        deadline: Option<Deadline>,
+        trace: CallGuard,
+    ) -> Self {
+        let waiting = Waiting {
+            balance,
+            request: Some(request),
+            life,
+            retry,
+            again: false,
+        };
+        ResponseFuture {
+            state: State::Waiting {
+                waiting: Box::new(waiting),
+            },
+            deadline,
+            timer: None,
+            trace,
+        }
+    }
+
+    pub(crate) fn refused(error: BoxError, trace: CallGuard) -> Self {
         ResponseFuture {
             state: State::Refused { error: Some(error) },
+            deadline: None,
+            timer: None,
+            trace,
         }
     }
 }
@@ -78,9 +130,10 @@ impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.state {
             State::Called { inner, .. } => f.debug_tuple("ResponseFuture").field(inner).finish(),
-            State::Repicking { balance, .. } => {
-                f.debug_tuple("ResponseFuture").field(balance).finish()
-            }
+            State::Waiting { waiting } => f
+                .debug_tuple("ResponseFuture")
+                .field(&waiting.balance)
+                .finish(),
             State::Refused { error } => f.debug_tuple("ResponseFuture").field(error).finish(),
         }
     }
@@ -91,61 +144,161 @@ impl Future for ResponseFuture {
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let mut this = self.project();
+        // The call's span, entered while polling (a clone of the trace's handle: the trace
+        // itself goes to the body with the response).
+        let held = this.trace.trace().cloned();
+        let _entered = held.as_ref().map(|t| t.span().enter());
         loop {
-            let next = match state.as_mut().project() {
+            let next = match this.state.as_mut().project() {
                 StateProj::Called {
                     inner,
                     notes,
                     retry,
                 } => match ready!(inner.poll(cx)) {
                     Ok(response) => {
-                        return Poll::Ready(Ok(response.map(|inner| ResponseBody { inner })));
+                        // The call is answered: nothing will be sent again.
+                        drop(retry.take());
+                        let trace = this.trace.take();
+                        return Poll::Ready(Ok(response.map(|inner| ResponseBody {
+                            inner: Some(inner),
+                            trace,
+                        })));
                     }
                     Err(e) => {
                         let again = retry.take().and_then(|r| r.again(&*e));
-                        let Some((request, shared)) = again else {
-                            return Poll::Ready(Err(map_error(e, notes.as_deref())));
+                        let Some((request, life)) = again else {
+                            return failed(this.trace, map_error(e, notes.as_deref()));
                         };
+                        if this.deadline.is_some_and(|d| d.left().is_zero()) {
+                            // No time left to send it again: the first attempt's error.
+                            return failed(this.trace, map_error(e, notes.as_deref()));
+                        }
                         tracing::debug!(
                             error = %e,
-                            "grpc-client-kit: no backend acted on the call; sending it to another target"
+                            "no backend acted on the call; sending it to another target"
                         );
-                        #[cfg(feature = "metrics")]
-                        crate::metrics::transparent_retry();
+                        if let Some(trace) = this.trace.trace() {
+                            trace.retried();
+                        }
+                        let mut balance = life.balance.clone();
+                        if let Some(target) = failed_target(&*e) {
+                            balance.avoid(target);
+                        }
                         // A rare path: carry the kit's state whatever it was at the call, so
                         // that a retry meeting a shut-down kit or a failing DNS name says so.
-                        State::Repicking {
-                            balance: shared.life.balance.clone(),
-                            request: Some(request),
-                            notes: Some(shared.life.state.clone()),
+                        State::Waiting {
+                            waiting: Box::new(Waiting {
+                                balance,
+                                request: Some(request),
+                                life,
+                                retry: None,
+                                again: true,
+                            }),
                         }
                     }
                 },
-                StateProj::Repicking {
-                    balance,
-                    request,
-                    notes,
-                } => {
-                    if let Err(e) = ready!(balance.poll_ready(cx)) {
-                        return Poll::Ready(Err(map_error(e, notes.as_deref())));
+                StateProj::Waiting { waiting } => {
+                    let Waiting {
+                        balance,
+                        request,
+                        life,
+                        retry,
+                        ..
+                    } = &mut **waiting;
+                    match balance.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => {
+                            return failed(this.trace, map_error(e, Some(&life.state)));
+                        }
+                        Poll::Pending => {
+                            if let Some(deadline) = this.deadline
+                                && expired(this.timer.as_mut(), deadline, cx)
+                            {
+                                return failed(this.trace, waiting.exceeded(deadline));
+                            }
+                            return Poll::Pending;
+                        }
                     }
-                    let request = request.take().expect("a request to send again");
+                    let mut request = request.take().expect("a request to send");
+                    if let Some(deadline) = this.deadline {
+                        // Time passed since the call was made: it goes with what is left.
+                        let left = deadline.left();
+                        if left.is_zero() {
+                            return failed(this.trace, waiting.exceeded(deadline));
+                        }
+                        request.set_time_budget(left);
+                    }
+                    this.trace.attach(&mut request);
                     State::Called {
                         inner: balance.call(request),
-                        notes: notes.take(),
-                        retry: None,
+                        notes: Some(life.state.clone()),
+                        retry: retry.take(),
                     }
                 }
                 StateProj::Refused { error } => {
-                    return Poll::Ready(Err(error
+                    let error = error
                         .take()
-                        .expect("ResponseFuture polled after completion")));
+                        .expect("ResponseFuture polled after completion");
+                    return failed(this.trace, error);
                 }
             };
-            state.set(next);
+            this.state.set(next);
         }
     }
+}
+
+/// The call failed: its status ends its trace.
+fn failed(
+    trace: &mut CallGuard,
+    error: BoxError,
+) -> Poll<Result<http::Response<ResponseBody>, BoxError>> {
+    trace.end(CallStatus::from_error(&*error).code);
+    Poll::Ready(Err(error))
+}
+
+impl Waiting {
+    /// The error of a call whose deadline passed while it waited for a ready target: the
+    /// targets it waited on, and why each was not ready when the kit can tell.
+    fn exceeded(&self, deadline: &Deadline) -> BoxError {
+        let names = self.balance.waiting_for();
+        let mut targets = String::new();
+        for name in &names {
+            if !targets.is_empty() {
+                targets.push_str(", ");
+            }
+            targets.push_str(name);
+            let half_open = self
+                .life
+                .registry
+                .card(name)
+                .is_some_and(|c| matches!(c.breaker_state(), BreakerState::HalfOpen { .. }));
+            if half_open {
+                targets.push_str(" (breaker half-open, every probe permit taken)");
+            }
+        }
+        if targets.is_empty() {
+            targets.push_str("an eligible target");
+        }
+        let again = if self.again {
+            " to send the call again"
+        } else {
+            ""
+        };
+        deadline.exceeded(format_args!("waiting for {targets} to be ready{again}"))
+    }
+}
+
+/// The target a failed attempt went to, as its error names it.
+fn failed_target(error: &(dyn Error + 'static)) -> Option<Arc<str>> {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(transport) = e.downcast_ref::<TransportError>() {
+            return Some(Arc::from(transport.target()));
+        }
+        cur = e.source();
+    }
+    None
 }
 
 /// Makes sure an error carries a `Status` (tonic would otherwise report `UNKNOWN`), and adds
@@ -173,10 +326,15 @@ pub(crate) fn map_error(error: BoxError, notes: Option<&KitState>) -> BoxError {
 pin_project! {
     /// The response body of [`KitChannel`](crate::KitChannel): the target's own body, read
     /// through the breaker's and quarantine's classification (which learn the call's final
-    /// status from its trailers). Not boxed.
+    /// status from its trailers). Not boxed. Its [`Default`] is an empty body (what tonic's
+    /// `with_interceptor` asks of a channel's body).
+    #[derive(Default)]
     pub struct ResponseBody {
         #[pin]
-        inner: StackBody,
+        inner: Option<StackBody>,
+        // The call's trace, when its status is still to come: dropped before, the call was
+        // cancelled.
+        trace: CallGuard,
     }
 }
 
@@ -195,16 +353,23 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        let _entered = this.trace.enter();
+        match this.inner.as_pin_mut() {
+            Some(inner) => inner.poll_frame(cx),
+            None => Poll::Ready(None),
+        }
     }
 
     #[inline]
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     #[inline]
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }

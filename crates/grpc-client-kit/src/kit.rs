@@ -7,6 +7,7 @@ use std::time::Duration;
 use breaker_layer::BreakerHandle;
 use endpoint_state::EndpointCard;
 use endpoint_state::sync::lock;
+use endpoint_state::time;
 use health_layer::HealthChecker;
 use quarantine_layer::QuarantineGroup;
 use tokio::time::Instant;
@@ -49,9 +50,11 @@ impl Kit {
     /// resolution, for a DNS target) and the balancer picks from every target found eligible:
     /// `true` then; `false` when `timeout` passes first (a DNS name that does not resolve, a
     /// target whose first probe has not answered) or the kit is shut down. Without health
-    /// checking, `true` as soon as the targets are known.
+    /// checking, `true` as soon as the targets are known. Any timeout is taken, `Duration::MAX`
+    /// included (it waits as long as it takes).
     pub async fn wait_until_ready(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to represent (`Duration::MAX`) waits without end in practice.
+        let deadline = time::after(timeout);
         if let Some(resolved) = &self.life.resolved {
             let mut resolved = resolved.clone();
             let first = tokio::time::timeout_at(deadline, resolved.wait_for(|done| *done)).await;
@@ -122,7 +125,7 @@ impl Kit {
         if let Some(checker) = &life.registry.checker {
             checker.stop().await;
         }
-        tracing::info!("grpc-client-kit shut down");
+        tracing::info!("kit shut down");
     }
 
     /// The targets the kit holds now, by name.
@@ -136,14 +139,19 @@ impl Kit {
         self.life.balance.eligible_targets()
     }
 
-    /// A target's state card (health, quarantine and breaker lines, with reasons).
+    /// A target's state card (health, quarantine and breaker lines, with reasons). `target` is
+    /// named as in the configuration (`10.0.0.7:50051` is `http://10.0.0.7:50051`; scheme and
+    /// host in any case).
     pub fn card(&self, target: &str) -> Option<EndpointCard> {
-        self.life.registry.card(target)
+        self.life.registry.card(&crate::builder::normalize(target))
     }
 
     /// A target's breaker: force it open, disable it, reset it, watch its transitions.
+    /// `target` is named as for [`card`](Self::card).
     pub fn breaker(&self, target: &str) -> Option<BreakerHandle> {
-        self.life.registry.breaker(target)
+        self.life
+            .registry
+            .breaker(&crate::builder::normalize(target))
     }
 
     /// The health checker (`None` when health checking is off).

@@ -40,9 +40,14 @@
 //!   [`KitConfig::from_toml`]); either way every invalid value fails the build naming the field
 //!   and the value, and nothing starts.
 //! * **Observability.** The layers log their transitions with `tracing` (`info`), the kit its
-//!   own (targets added and removed, DNS failures, start and stop); the `metrics` feature counts
-//!   calls, failures, quarantines, breaker and health transitions per target through the
-//!   [`metrics`](https://docs.rs/metrics) facade.
+//!   own (targets added and removed, DNS failures, start and stop). Each call has a `debug`
+//!   span, `grpc.call`, with its `grpc.method`, the kit's name (`grpc.target`, see
+//!   [`KitBuilder::name`]), the `backend` picked, the `attempt` and the `grpc.status`. The
+//!   `metrics` feature records gRPC's call and attempt metrics (gRFC A66:
+//!   `grpc.client.call.duration`, `grpc.client.attempt.duration`, ...) and the kit's own
+//!   (eligible targets, breaker states, quarantines, health transitions, transparent retries)
+//!   through the [`metrics`](https://docs.rs/metrics) facade: every one is listed in the
+//!   `metrics` module (with that feature; on docs.rs).
 //!
 //! # Example
 //!
@@ -120,8 +125,9 @@
 //! `balance` each re-export their crate under the same name; `kit` (which takes all four) is
 //! the kit itself ([`Kit`], [`KitBuilder`], [`KitConfig`], [`KitChannel`]). `dns` enables `dns:` targets
 //! (hickory-resolver), `toml` [`KitConfig::from_toml`]. `metrics` (off by default) adds the
-//! per-target counters. With only some layer features, the crate re-exports those layers and
+//! metrics of the `metrics` module. With only some layer features, the crate re-exports those layers and
 //! the core ([`state`]) and nothing else.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "balance")]
 #[doc(inline)]
@@ -143,6 +149,8 @@ mod builder;
 #[cfg(feature = "kit")]
 mod config;
 #[cfg(feature = "kit")]
+mod connect;
+#[cfg(feature = "kit")]
 pub mod dns;
 #[cfg(feature = "kit")]
 pub mod error;
@@ -153,7 +161,9 @@ mod kit;
 #[cfg(feature = "kit")]
 mod life;
 #[cfg(feature = "metrics")]
-mod metrics;
+pub mod metrics;
+#[cfg(feature = "kit")]
+mod observe;
 #[cfg(feature = "kit")]
 mod registry;
 #[cfg(feature = "kit")]

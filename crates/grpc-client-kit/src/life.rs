@@ -1,7 +1,7 @@
 //! What a kit owns and shares with its channels: the balancer, the registry of targets, the
 //! background tasks, and the state the request path reads to explain an error.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use balance_layer::Balance;
@@ -16,11 +16,13 @@ const SHUT_DOWN: u8 = 1;
 #[cfg_attr(not(feature = "dns"), allow(dead_code))]
 const DNS_FAILING: u8 = 2;
 
-/// What the request path may need to explain an error: read only when an error is mapped.
+/// What the request path shares: what it may need to explain an error (read only when an
+/// error is mapped), and the budget of the bytes its calls keep for a transparent retry.
 #[derive(Debug, Default)]
 pub(crate) struct KitState {
     flags: AtomicU8,
     dns: Mutex<Option<(Arc<str>, Arc<str>)>>,
+    pub(crate) replay: ReplayBudget,
 }
 
 impl KitState {
@@ -56,6 +58,56 @@ impl KitState {
     }
 }
 
+/// The most request body bytes all the calls of one kit keep to send again, together: 64 MiB
+/// (a thousand calls at the most one call keeps,
+/// [`REPLAY_LIMIT`](crate::retry::REPLAY_LIMIT)). Calls beyond it go without transparent retry once
+/// their body is read.
+pub(crate) const REPLAY_BUDGET: usize = 64 * 1024 * 1024;
+
+/// The bytes a kit's calls keep for replay, counted against a limit.
+#[derive(Debug)]
+pub(crate) struct ReplayBudget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Default for ReplayBudget {
+    fn default() -> Self {
+        ReplayBudget {
+            used: AtomicUsize::new(0),
+            limit: REPLAY_BUDGET,
+        }
+    }
+}
+
+impl ReplayBudget {
+    /// Takes `n` bytes of the budget, if they fit.
+    pub(crate) fn take(&self, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let before = self.used.fetch_add(n, Ordering::AcqRel);
+        if before.saturating_add(n) <= self.limit {
+            return true;
+        }
+        self.used.fetch_sub(n, Ordering::AcqRel);
+        false
+    }
+
+    /// Gives `n` bytes back.
+    pub(crate) fn give(&self, n: usize) {
+        if n > 0 {
+            self.used.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// How many bytes calls keep now.
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
 /// Everything a kit owns; dropped (and its tasks and checker stopped) with its last handle.
 pub(crate) struct Life {
     pub(crate) state: Arc<KitState>,
@@ -75,6 +127,6 @@ impl Drop for Life {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
         }
-        tracing::debug!("grpc-client-kit dropped: tasks and probes stop");
+        tracing::debug!("kit dropped: tasks and probes stop");
     }
 }

@@ -12,16 +12,26 @@
 //! inside a [`Handoff`], which keeps what it passes on (the data frames, shared, not copied; up
 //! to [`REPLAY_LIMIT`] bytes) and, when dropped, gives back the body: unread, or as what was
 //! read plus what was not. (A backend that refuses a stream with `REFUSED_STREAM` did not
-//! process it either; those are retried too.) A call is retried only when both hold: its error proves the backend
-//! did not act on it, and its body came back.
+//! process it either; those are retried too.) A call is retried only when both hold: its error
+//! proves the backend did not act on it, and its body came back.
 //!
 //! Where the body comes back is a slot of the channel handle's [`Retrier`], reused call after
 //! call while no earlier call of the handle still holds it: the common path allocates only
-//! the header clone and the handoff, and touches no count shared with other callers.
+//! the header clone and the handoff.
+//!
+//! **Nothing is kept past the call.** When the call ends — answered, failed, or dropped by the
+//! caller — its [`Unsent`] closes the slot: a body given back then is dropped at once (a
+//! producer feeding a client stream sees its channel close), and the handoff keeps no more
+//! frames. **The memory kept for replay is bounded per kit**: the frames every call of a kit
+//! keeps count against one [`ReplayBudget`] of [`REPLAY_BUDGET`](crate::life::REPLAY_BUDGET)
+//! bytes; a call whose frames do
+//! not fit goes without transparent retry once its body is read (as one longer than
+//! [`REPLAY_LIMIT`] does). The budget is given back as calls end.
 
 use std::error::Error;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -30,11 +40,10 @@ use http::{Extensions, HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use tonic::Status;
 
-use endpoint_state::transport::{never_sent, refused_by_server};
-
 use endpoint_state::sync::lock;
+use endpoint_state::transport::{closed_before_server_spoke, never_sent, refused_by_server};
 
-use crate::life::Life;
+use crate::life::{KitState, Life, ReplayBudget};
 use crate::stack::Request;
 
 /// The most request body bytes a call keeps to send again; a longer body is not retried once
@@ -44,8 +53,30 @@ pub(crate) const REPLAY_LIMIT: usize = 64 * 1024;
 /// What the calls of one channel handle share for their retries: the kit (to choose a target
 /// again) and the slot where a body comes back.
 pub(crate) struct Shared {
-    pub(crate) life: Arc<Life>,
+    life: Arc<Life>,
     slot: Mutex<Option<Returned>>,
+    /// Whether the call may still send its request again (written under the slot's lock): once
+    /// it has ended, a body given back is dropped and no frame is kept.
+    open: AtomicBool,
+}
+
+impl Shared {
+    fn budget(&self) -> &ReplayBudget {
+        &self.life.state.replay
+    }
+
+    /// The call has ended: drop what came back, and whatever comes back from now on. (So a
+    /// slot holds a body only while its call's [`Unsent`], and so the slot, lives.)
+    fn close(&self) {
+        let returned = {
+            let mut slot = lock(&self.slot);
+            self.open.store(false, Ordering::Release);
+            slot.take()
+        };
+        if let Some(returned) = returned {
+            returned.discard(self.budget());
+        }
+    }
 }
 
 /// A request body given back by its [`Handoff`].
@@ -60,13 +91,28 @@ enum Returned {
 }
 
 impl Returned {
-    fn into_body(self) -> tonic::body::Body {
+    fn into_body(self, state: &Arc<KitState>) -> tonic::body::Body {
         match self {
             Returned::Unread(body) => body,
             Returned::Read { frames, rest } => {
+                let charge = Charge {
+                    state: Arc::clone(state),
+                    bytes: frames.len,
+                };
                 let frames = frames.first.into_iter().chain(frames.more).collect();
-                tonic::body::Body::new(Replay { frames, rest })
+                tonic::body::Body::new(Replay {
+                    frames,
+                    rest,
+                    _charge: charge,
+                })
             }
+        }
+    }
+
+    /// Drops it, giving back the budget its frames held.
+    fn discard(self, budget: &ReplayBudget) {
+        if let Returned::Read { frames, .. } = &self {
+            budget.give(frames.len);
         }
     }
 }
@@ -78,40 +124,55 @@ pub(crate) struct Retrier {
 }
 
 impl Retrier {
-    /// The shared state for a new call: this handle's, when no earlier call holds it any more
-    /// (its slot emptied), else a fresh one that becomes this handle's.
+    /// The shared state for a new call: this handle's, when no earlier call holds it any more,
+    /// else a fresh one that becomes this handle's.
     fn shared(&mut self, life: &Arc<Life>) -> Arc<Shared> {
         if let Some(shared) = &mut self.shared
             && let Some(mine) = Arc::get_mut(shared)
         {
-            *mine.slot.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+            // Closed, and emptied, when its call ended.
+            *mine.open.get_mut() = true;
             return Arc::clone(shared);
         }
         let shared = Arc::new(Shared {
             life: Arc::clone(life),
             slot: Mutex::new(None),
+            open: AtomicBool::new(true),
         });
         self.shared = Some(Arc::clone(&shared));
         shared
     }
 }
 
-/// What a call keeps to send its request again.
+/// What a call keeps to send its request again. Dropping it (the call ended) closes the slot:
+/// the request body is let go as soon as it comes back.
 pub(crate) struct Unsent {
+    head: Option<Head>,
+    shared: Arc<Shared>,
+}
+
+/// A request's head, kept to send it again.
+struct Head {
     method: Method,
     uri: Uri,
     version: Version,
     headers: HeaderMap,
     extensions: Extensions,
-    shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Unsent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Unsent")
-            .field("method", &self.method)
-            .field("uri", &self.uri)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("Unsent");
+        if let Some(head) = &self.head {
+            d.field("method", &head.method).field("uri", &head.uri);
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        self.shared.close();
     }
 }
 
@@ -126,11 +187,13 @@ impl Unsent {
         let (mut parts, body) = req.into_parts();
         let shared = retrier.shared(life);
         let unsent = Unsent {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            version: parts.version,
-            headers: parts.headers.clone(),
-            extensions: std::mem::take(&mut parts.extensions),
+            head: Some(Head {
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                version: parts.version,
+                headers: parts.headers.clone(),
+                extensions: std::mem::take(&mut parts.extensions),
+            }),
             shared: Arc::clone(&shared),
         };
         let handoff = Handoff {
@@ -148,40 +211,43 @@ impl Unsent {
 
     /// The request again (and the kit, to choose its target), if `error` proves the backend
     /// did not act on it and its body came back.
-    pub(crate) fn again(self, error: &(dyn Error + 'static)) -> Option<(Request, Arc<Shared>)> {
-        if !never_sent(error) && !refused_by_server(error) {
+    pub(crate) fn again(mut self, error: &(dyn Error + 'static)) -> Option<(Request, Arc<Life>)> {
+        if !never_sent(error) && !refused_by_server(error) && !closed_before_server_spoke(error) {
             return None;
         }
-        let body = lock(&self.shared.slot).take()?.into_body();
-        let mut req = http::Request::new(body);
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
-        *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers;
-        *req.extensions_mut() = self.extensions;
-        Some((req, self.shared))
+        let returned = lock(&self.shared.slot).take()?;
+        let head = self.head.take()?;
+        let life = Arc::clone(&self.shared.life);
+        let mut req = http::Request::new(returned.into_body(&life.state));
+        *req.method_mut() = head.method;
+        *req.uri_mut() = head.uri;
+        *req.version_mut() = head.version;
+        *req.headers_mut() = head.headers;
+        *req.extensions_mut() = head.extensions;
+        Some((req, life))
     }
 }
 
-/// The data frames a [`Handoff`] passed on, while they fit in [`REPLAY_LIMIT`]: shared with
-/// the frames sent (a reference count each, no copy); the first one (a unary call's only one)
-/// kept without an allocation.
+/// The data frames a [`Handoff`] passed on, while they fit in [`REPLAY_LIMIT`] and in the
+/// kit's [`ReplayBudget`] (`len` bytes of it are this call's): shared with the frames sent (a
+/// reference count each, no copy); the first one (a unary call's only one) kept without an
+/// allocation.
 #[derive(Default)]
 struct Kept {
     first: Option<Bytes>,
     more: Vec<Bytes>,
     len: usize,
-    /// Gave up: too long, trailers, or an error.
+    /// Gave up: too long, over the budget, trailers, an error, or the call ended.
     spoiled: bool,
 }
 
 impl Kept {
-    fn keep(&mut self, frame: &Frame<Bytes>) {
+    fn keep(&mut self, frame: &Frame<Bytes>, budget: &ReplayBudget) {
         if self.spoiled {
             return;
         }
         match frame.data_ref() {
-            Some(data) if self.len + data.len() <= REPLAY_LIMIT => {
+            Some(data) if self.len + data.len() <= REPLAY_LIMIT && budget.take(data.len()) => {
                 self.len += data.len();
                 if self.first.is_none() {
                     self.first = Some(data.clone());
@@ -189,11 +255,12 @@ impl Kept {
                     self.more.push(data.clone());
                 }
             }
-            _ => self.spoil(),
+            _ => self.spoil(budget),
         }
     }
 
-    fn spoil(&mut self) {
+    fn spoil(&mut self, budget: &ReplayBudget) {
+        budget.give(self.len);
         *self = Kept {
             spoiled: true,
             ..Kept::default()
@@ -226,7 +293,15 @@ impl Drop for Handoff {
                 rest: if self.ended { None } else { self.inner.take() },
             }
         };
-        *lock(&self.shared.slot) = Some(returned);
+        let mut slot = lock(&self.shared.slot);
+        if self.shared.open.load(Ordering::Acquire) {
+            *slot = Some(returned);
+        } else {
+            // The call has ended: nobody will send it again. (Dropped outside the lock: a
+            // user's body may do anything when dropped.)
+            drop(slot);
+            returned.discard(self.shared.budget());
+        }
     }
 }
 
@@ -245,9 +320,16 @@ impl Body for Handoff {
             return Poll::Ready(None);
         };
         let polled = Pin::new(body).poll_frame(cx);
+        let budget = &this.shared.life.state.replay;
         match &polled {
-            Poll::Ready(Some(Ok(frame))) => this.kept.keep(frame),
-            Poll::Ready(Some(Err(_))) => this.kept.spoil(),
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.shared.open.load(Ordering::Acquire) {
+                    this.kept.keep(frame, budget);
+                } else {
+                    this.kept.spoil(budget);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.kept.spoil(budget),
             Poll::Ready(None) => this.ended = true,
             Poll::Pending => {}
         }
@@ -267,10 +349,23 @@ impl Body for Handoff {
     }
 }
 
+/// The budget a body sent again holds until it is dropped.
+struct Charge {
+    state: Arc<KitState>,
+    bytes: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.state.replay.give(self.bytes);
+    }
+}
+
 /// A body sent again: the frames the first attempt read, then the rest of the original.
 struct Replay {
     frames: std::collections::VecDeque<Bytes>,
     rest: Option<tonic::body::Body>,
+    _charge: Charge,
 }
 
 impl Body for Replay {
@@ -348,15 +443,22 @@ mod tests {
         assert_eq!(bytes, "hello");
     }
 
-    /// A body of several data frames.
-    fn streaming(chunks: &[&'static str]) -> tonic::body::Body {
+    /// A body of several data frames, which holds a clone of `alive` until it is dropped.
+    fn streaming_held(chunks: &[&'static str], alive: Arc<()>) -> tonic::body::Body {
+        use futures_util::StreamExt;
         let frames: Vec<Result<Frame<Bytes>, Status>> = chunks
             .iter()
             .map(|c| Ok(Frame::data(Bytes::from_static(c.as_bytes()))))
             .collect();
-        tonic::body::Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
-            frames,
-        )))
+        let stream = futures_util::stream::iter(frames).map(move |f| {
+            let _ = &alive;
+            f
+        });
+        tonic::body::Body::new(http_body_util::StreamBody::new(stream))
+    }
+
+    fn streaming(chunks: &[&'static str]) -> tonic::body::Body {
+        streaming_held(chunks, Arc::default())
     }
 
     #[tokio::test]
@@ -420,8 +522,75 @@ mod tests {
         let (sent3, third) = Unsent::split(request("c"), &mut retrier, &life);
         assert_eq!(kept, Arc::as_ptr(&third.shared), "the free slot is reused");
         assert!(lock(&third.shared.slot).is_none());
+        assert!(third.shared.open.load(Ordering::Acquire));
         drop(sent3);
         let (again, _) = third.again(&refused()).expect("the third call's own body");
         assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "c");
+    }
+
+    #[tokio::test]
+    async fn a_body_given_back_after_its_call_ended_is_dropped_at_once() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        for read in [false, true] {
+            let (mut req, alive) = (request(""), Arc::new(()));
+            *req.body_mut() = streaming_held(&["ab", "cd"], alive.clone());
+            let (sent, unsent) = Unsent::split(req, &mut retrier, &life);
+            let mut sent = sent.into_body();
+            if read {
+                sent.frame().await.unwrap().unwrap();
+            }
+            // The server answered (ending the client stream early): the call is over while its
+            // body is still being sent; then the transport drops the body.
+            drop(unsent);
+            drop(sent);
+            assert_eq!(
+                Arc::strong_count(&alive),
+                1,
+                "read: {read}: the body was kept"
+            );
+            assert_eq!(life.state.replay.used(), 0, "read: {read}");
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_read_after_the_call_ended_are_not_kept() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        let mut req = request("");
+        *req.body_mut() = streaming(&["ab", "cd", "ef"]);
+        let (sent, unsent) = Unsent::split(req, &mut retrier, &life);
+        let mut sent = sent.into_body();
+        sent.frame().await.unwrap().unwrap();
+        assert_eq!(life.state.replay.used(), 2);
+        drop(unsent); // a bidirectional stream answered: its request goes on
+        sent.frame().await.unwrap().unwrap();
+        assert_eq!(life.state.replay.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn calls_beyond_the_kits_replay_budget_go_without_transparent_retry() {
+        let (life, mut retrier) = (life(), Retrier::default());
+        let budget = &life.state.replay;
+        // Other calls keep all but 4 bytes of the budget.
+        assert!(budget.take(crate::life::REPLAY_BUDGET - 4));
+        let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
+        let _ = sent.into_body().collect().await.unwrap();
+        assert!(
+            unsent.again(&refused()).is_none(),
+            "5 bytes do not fit in 4"
+        );
+        assert_eq!(budget.used(), crate::life::REPLAY_BUDGET - 4);
+        // They end: the next call keeps its frames, holds them until its retry is sent, and
+        // gives them back.
+        budget.give(crate::life::REPLAY_BUDGET - 4);
+        let (sent, unsent) = Unsent::split(request("hello"), &mut retrier, &life);
+        let _ = sent.into_body().collect().await.unwrap();
+        assert_eq!(budget.used(), 5);
+        let (again, _) = unsent.again(&refused()).expect("within the budget");
+        assert_eq!(budget.used(), 5, "held by the body sent again");
+        assert_eq!(
+            again.into_body().collect().await.unwrap().to_bytes(),
+            "hello"
+        );
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -10,8 +10,9 @@ use tower_service::Service;
 use crate::error::{BoxError, KitShutDown};
 use crate::future::{ResponseBody, ResponseFuture};
 use crate::life::Life;
+use crate::observe::CallGuard;
 use crate::retry::{Retrier, Unsent};
-use crate::stack::{KitDiscover, Request};
+use crate::stack::{Deadline, KitDiscover, Request};
 
 /// The kit's channel: give it to a generated client like a tonic `Channel`
 /// (`GreeterClient::new(kit.channel())`).
@@ -20,16 +21,46 @@ use crate::stack::{KitDiscover, Request};
 /// ready target (in O(1)) and reserves it, `call` sends the request there — no `Buffer`, no
 /// worker task between the caller and the target's connection. A clone starts unready.
 ///
+/// **A call's deadline bounds its whole life in the kit.** `poll_ready` does not wait: when
+/// no eligible target is ready at once (every one it tried is busy, or a half-open breaker's
+/// probe permits are all taken), it is ready anyway and the call waits for a target inside its
+/// response future, where its deadline (`grpc-timeout`, which tonic's `Request::set_timeout`
+/// sets) is known. From then on the deadline holds everywhere: waiting for a target, waiting
+/// for an eligible one (wait-for-ready, connecting), connecting to it (which tonic's own timer
+/// does not cover), its response and its body. When it passes, the call fails with
+/// `DEADLINE_EXCEEDED` naming the target(s) and where the call was (`deadline exceeded after
+/// 300 ms waiting for http://10.0.0.7:50051: connecting`). A call sent on after waiting, or
+/// sent again by the transparent retry, carries what is left of its deadline in its
+/// `grpc-timeout`, never the whole of it again.
+///
+/// **Transparent retry** keeps a call's request body until the call ends, never longer, and
+/// the request bytes all calls of a kit keep for it are capped at 64 MiB: a call beyond that
+/// goes without transparent retry once its body is read.
+///
 /// Every error reaches the client as a proper gRPC status naming the target(s) (see
 /// [`error`](crate::error)). Each channel is a handle on the kit: the kit keeps running while
 /// any channel or kit handle lives.
 pub struct KitChannel {
     balance: Balance<KitDiscover, Request>,
     life: Arc<Life>,
-    /// `poll_ready` saw the kit shut down: `call` refuses without touching the balancer.
-    refuse: bool,
+    /// What `poll_ready` left for `call`.
+    next: Next,
     /// What this handle's calls keep for a transparent retry.
     retrier: Retrier,
+}
+
+/// What `poll_ready` decided for the next call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Not polled since the last call: the call waits for a target in its future.
+    Unready,
+    /// The balancer reserved a ready target (or found none eligible): `call` goes to it.
+    Reserved,
+    /// The targets tried were not ready: the call takes the balancer handle, which waits for
+    /// one in the call's future, bounded by its deadline.
+    Wait,
+    /// The kit is shut down: `call` refuses without touching the balancer.
+    Refuse,
 }
 
 impl KitChannel {
@@ -37,7 +68,7 @@ impl KitChannel {
         KitChannel {
             balance: life.balance.clone(),
             life,
-            refuse: false,
+            next: Next::Unready,
             retrier: Retrier::default(),
         }
     }
@@ -66,28 +97,55 @@ impl Service<Request> for KitChannel {
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         if self.life.state.is_shut_down() {
-            self.refuse = true;
+            self.next = Next::Refuse;
             return Poll::Ready(Ok(()));
         }
-        self.balance
-            .poll_ready(cx)
-            .map_err(|e| crate::future::map_error(e, Some(&self.life.state)))
+        self.next = match self.balance.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Next::Reserved,
+            Poll::Ready(Err(e)) => {
+                return Poll::Ready(Err(crate::future::map_error(e, Some(&self.life.state))));
+            }
+            // Not without the call's deadline: the call's future waits.
+            Poll::Pending => Next::Wait,
+        };
+        Poll::Ready(Ok(()))
     }
 
     #[inline]
     fn call(&mut self, req: Request) -> ResponseFuture {
-        if std::mem::take(&mut self.refuse) {
-            return ResponseFuture::refused(Box::new(KitShutDown::new()));
+        let next = std::mem::replace(&mut self.next, Next::Unready);
+        let trace = CallGuard::new(self.life.registry.factory.observe.call(&req));
+        if next == Next::Refuse {
+            return ResponseFuture::refused(Box::new(KitShutDown::new()), trace);
         }
-        let state = &self.life.state;
-        // Only while something is amiss (DNS failing, shutting down) does a call carry the
-        // kit's state, to explain an error: the common path clones nothing.
-        let notes = state.has_notes().then(|| state.clone());
-        if self.life.transparent_retry {
+        let retry = self.life.transparent_retry;
+        if next == Next::Reserved {
+            let state = &self.life.state;
+            // Only while something is amiss (DNS failing, shutting down) does a call carry the
+            // kit's state, to explain an error: the common path clones nothing.
+            let notes = state.has_notes().then(|| state.clone());
+            if !retry {
+                let mut req = req;
+                trace.attach(&mut req);
+                let inner = trace.in_span(|| self.balance.call(req));
+                return ResponseFuture::called(inner, notes, None, None, trace);
+            }
+            let deadline = Deadline::of(&req);
+            let (mut req, unsent) = Unsent::split(req, &mut self.retrier, &self.life);
+            trace.attach(&mut req);
+            let inner = trace.in_span(|| self.balance.call(req));
+            return ResponseFuture::called(inner, notes, Some(unsent), deadline, trace);
+        }
+        // The balancer handle, waiting on the targets it tried, goes with the call; this
+        // handle starts afresh.
+        let balance = std::mem::replace(&mut self.balance, self.life.balance.clone());
+        let deadline = Deadline::of(&req);
+        let (req, unsent) = if retry {
             let (req, unsent) = Unsent::split(req, &mut self.retrier, &self.life);
-            ResponseFuture::called(self.balance.call(req), notes, Some(unsent))
+            (req, Some(unsent))
         } else {
-            ResponseFuture::called(self.balance.call(req), notes, None)
-        }
+            (req, None)
+        };
+        ResponseFuture::waiting(balance, req, self.life.clone(), unsent, deadline, trace)
     }
 }

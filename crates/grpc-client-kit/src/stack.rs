@@ -1,44 +1,45 @@
 //! One target's stack — channel → classification → breaker → quarantine → health gate — and
 //! the discovery stream that hands the stacks to the balancer.
 
-use endpoint_state::ConfigError;
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::error::Error;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use balance_layer::RequestDeadline;
 use breaker_layer::{Breaker, BreakerConfig, BreakerHandle, BreakerLayer};
-use endpoint_state::{ClassifiedBody, EndpointCard};
+use endpoint_state::time::{self, Secs};
+use endpoint_state::{CallStatus, ClassifiedBody, ConfigError, EndpointCard, NotGrpcResponse};
 use futures_core::Stream;
 use health_layer::Health;
+use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use quarantine_layer::{Quarantine, QuarantineGroup};
 use tokio::sync::mpsc;
+use tokio::time::{Instant, Sleep};
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
 use tower::discover::Change;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::error::{BoxError, TransportError};
+use crate::error::{BoxError, DeadlineExceeded, TransportError};
 
 /// What a generated tonic client sends.
 pub(crate) type Request = http::Request<tonic::body::Body>;
 
-/// The bottom of a target's stack: its channel, with transport errors named after the target.
-#[cfg(not(feature = "metrics"))]
-pub(crate) type Leaf = Labeled<Channel>;
 /// The bottom of a target's stack: its channel, with transport errors named after the target,
-/// and every call's outcome counted.
-#[cfg(feature = "metrics")]
-pub(crate) type Leaf = endpoint_state::Classify<Labeled<Channel>, crate::metrics::CallMetrics>;
+/// and every attempt seen by the kit's observer (span, metrics: `crate::observe`).
+pub(crate) type Leaf = crate::observe::Observed<Labeled<Channel>>;
 
-#[cfg(not(feature = "metrics"))]
-pub(crate) type LeafBody = tonic::body::Body;
-#[cfg(feature = "metrics")]
-pub(crate) type LeafBody = ClassifiedBody<tonic::body::Body, crate::metrics::CallMetrics>;
+pub(crate) type LeafBody =
+    ClassifiedBody<LabeledBody<tonic::body::Body>, crate::observe::AttemptEnd>;
 
 /// One target's whole stack, as the balancer holds it.
 pub(crate) type Stack = Health<Quarantine<Breaker<Leaf>>>;
@@ -51,24 +52,113 @@ pub(crate) type StackBody = quarantine_layer::future::ResponseBody<
 /// A change of the target set, as the balancer takes it.
 pub(crate) type TargetChange = Change<Arc<str>, Stack>;
 
-/// Wraps a target's channel so that a transport error (which tonic would report without the
-/// target, and often as `UNKNOWN`) becomes a [`TransportError`] naming it.
+/// What the kit knows of one target's connection, shared by every clone of its leaf: to say,
+/// when a call's deadline passes, whether it was still connecting.
+#[derive(Debug)]
+pub(crate) struct Link {
+    target: Arc<str>,
+    /// Whether the target has answered a call since its channel was made or its connection
+    /// last failed.
+    answered: AtomicBool,
+}
+
+impl Link {
+    fn new(target: Arc<str>) -> Self {
+        Link {
+            target,
+            answered: AtomicBool::new(false),
+        }
+    }
+
+    /// Read before written: the common case (already so) dirties no cache line.
+    fn set_answered(&self, answered: bool) {
+        if self.answered.load(Ordering::Relaxed) != answered {
+            self.answered.store(answered, Ordering::Relaxed);
+        }
+    }
+
+    /// Where a call sent to this target is while it has no response yet. The kit does not see
+    /// tonic's connection, only answers: a target that has not answered since its channel was
+    /// made or its connection last failed is taken to be connecting (an address that drops
+    /// SYNs, a host that is gone); one that has is taken to be slow to answer.
+    fn waiting(&self) -> &'static str {
+        if self.answered.load(Ordering::Relaxed) {
+            "no response yet"
+        } else {
+            "connecting"
+        }
+    }
+}
+
+/// A call's deadline, read from its `grpc-timeout` when the kit takes it (or sends it on).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) at: Instant,
+    /// How long the call had when the deadline was read.
+    pub(crate) budget: Duration,
+}
+
+impl Deadline {
+    /// The deadline `req` carries, if any.
+    #[inline]
+    pub(crate) fn of<R: RequestDeadline>(req: &R) -> Option<Self> {
+        let budget = req.time_budget()?;
+        Some(Deadline {
+            at: time::after(budget),
+            budget,
+        })
+    }
+
+    /// What is left of it.
+    pub(crate) fn left(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// The error of a call whose deadline passed while it was `doing` (`waiting for
+    /// http://10.0.0.7:50051: connecting`).
+    pub(crate) fn exceeded(&self, doing: fmt::Arguments<'_>) -> BoxError {
+        Box::new(DeadlineExceeded::new(self.budget, doing))
+    }
+}
+
+/// A deadline as the messages say it: `300 ms` below a second, `1.5 s` above.
+pub(crate) struct Waited(pub(crate) Duration);
+
+impl fmt::Display for Waited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 < Duration::from_secs(1) {
+            write!(f, "{} ms", self.0.as_millis())
+        } else {
+            Secs(self.0).fmt(f)
+        }
+    }
+}
+
+/// Wraps a target's channel so that every way a call to it fails names it: a transport error
+/// (which tonic would report without the target, and often as `UNKNOWN`) becomes a
+/// [`TransportError`]; a response that is not gRPC, a [`NotGrpcResponse`]; an error while the body is
+/// read, `UNAVAILABLE` naming it. And it holds the call's deadline from the moment the call
+/// reaches the target's channel — connecting included, which tonic's own timer does not
+/// cover — to the end of the body: [`DeadlineExceeded`], counted against the target.
 #[derive(Clone)]
 pub(crate) struct Labeled<S> {
     inner: S,
-    target: Arc<str>,
+    link: Arc<Link>,
 }
 
 impl<S> Labeled<S> {
     pub(crate) fn new(inner: S, target: Arc<str>) -> Self {
-        Labeled { inner, target }
+        Labeled {
+            inner,
+            link: Arc::new(Link::new(target)),
+        }
     }
 }
 
 impl<S> fmt::Debug for Labeled<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Labeled")
-            .field("target", &self.target)
+            .field("target", &self.link.target)
             .finish_non_exhaustive()
     }
 }
@@ -78,7 +168,7 @@ where
     S: Service<http::Request<B>, Response = http::Response<ResB>>,
     S::Error: Into<BoxError>,
 {
-    type Response = http::Response<ResB>;
+    type Response = http::Response<LabeledBody<ResB>>;
     type Error = BoxError;
     type Future = LabeledFuture<S::Future>;
 
@@ -86,14 +176,17 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner
             .poll_ready(cx)
-            .map_err(|e| TransportError::wrap(&self.target, e.into()))
+            .map_err(|e| TransportError::wrap(&self.link.target, e.into()))
     }
 
     #[inline]
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let deadline = Deadline::of(&req);
         LabeledFuture {
             inner: self.inner.call(req),
-            target: self.target.clone(),
+            link: Some(self.link.clone()),
+            deadline,
+            timer: None,
         }
     }
 }
@@ -103,23 +196,180 @@ pin_project! {
     pub(crate) struct LabeledFuture<F> {
         #[pin]
         inner: F,
-        target: Arc<str>,
+        link: Option<Arc<Link>>,
+        deadline: Option<Deadline>,
+        // Made the first time the call has to wait.
+        #[pin]
+        timer: Option<Sleep>,
     }
 }
 
-impl<F, T, E> Future for LabeledFuture<F>
+impl<F, ResB, E> Future for LabeledFuture<F>
 where
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = Result<http::Response<ResB>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<T, BoxError>;
+    type Output = Result<http::Response<LabeledBody<ResB>>, BoxError>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let out = ready!(this.inner.poll(cx));
-        Poll::Ready(out.map_err(|e| TransportError::wrap(this.target, e.into())))
+        let mut this = self.project();
+        let out = match this.inner.poll(cx) {
+            Poll::Ready(out) => out,
+            Poll::Pending => {
+                if let Some(deadline) = this.deadline
+                    && expired(this.timer.as_mut(), deadline, cx)
+                {
+                    let link = this.link.as_deref().expect("polled after completion");
+                    let (target, waiting) = (&link.target, link.waiting());
+                    return Poll::Ready(Err(
+                        deadline.exceeded(format_args!("waiting for {target}: {waiting}"))
+                    ));
+                }
+                return Poll::Pending;
+            }
+        };
+        let link = this.link.take().expect("polled after completion");
+        Poll::Ready(match out {
+            Ok(response) => {
+                link.set_answered(true);
+                if let Some(not_grpc) = NotGrpcResponse::check(&link.target, &response) {
+                    return Poll::Ready(Err(Box::new(not_grpc)));
+                }
+                let deadline = *this.deadline;
+                Ok(response.map(|inner| LabeledBody {
+                    inner,
+                    link,
+                    deadline,
+                    timer: None,
+                    done: false,
+                }))
+            }
+            Err(e) => {
+                let error = TransportError::wrap(&link.target, e.into());
+                if error.downcast_ref::<TransportError>().is_some() {
+                    link.set_answered(false);
+                }
+                Err(error)
+            }
+        })
     }
+}
+
+/// Whether `deadline` has passed: polls the timer, made on the first call (a call answered
+/// before it ever waits never touches the runtime's timer).
+pub(crate) fn expired(
+    mut timer: Pin<&mut Option<Sleep>>,
+    deadline: &Deadline,
+    cx: &mut Context<'_>,
+) -> bool {
+    if timer.is_none() {
+        timer.set(Some(tokio::time::sleep_until(deadline.at)));
+    }
+    timer
+        .as_pin_mut()
+        .is_some_and(|sleep| sleep.poll(cx).is_ready())
+}
+
+pin_project! {
+    /// The response body of [`Labeled`]: the channel's body, whose errors name the target and
+    /// which ends at the call's deadline.
+    pub(crate) struct LabeledBody<B> {
+        #[pin]
+        inner: B,
+        link: Arc<Link>,
+        deadline: Option<Deadline>,
+        #[pin]
+        timer: Option<Sleep>,
+        // The deadline passed: the body ended with that error.
+        done: bool,
+    }
+}
+
+impl<B> fmt::Debug for LabeledBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LabeledBody")
+            .field("target", &self.link.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for LabeledBody<B>
+where
+    B: Body<Error = Status>,
+{
+    type Data = B::Data;
+    type Error = Status;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Status>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(relabel(this.link, status)))),
+            Poll::Pending => {
+                if let Some(deadline) = this.deadline
+                    && expired(this.timer.as_mut(), deadline, cx)
+                {
+                    *this.done = true;
+                    let target = &this.link.target;
+                    let error = deadline.exceeded(format_args!("reading the response of {target}"));
+                    return Poll::Ready(Some(Err(Status::from_error(error))));
+                }
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An error while the body is read names the target; a reset the server sent keeps the code
+/// gRPC maps it to, any other transport failure (a connection reset, an h2 protocol error) is
+/// `UNAVAILABLE` (`DEADLINE_EXCEEDED` for a local timeout) — never tonic's `UNKNOWN`.
+fn relabel(link: &Link, status: Status) -> Status {
+    let cause: &(dyn Error + 'static) = status.source().unwrap_or(&status);
+    let (code, message) = if reset_by_server(cause) {
+        (status.code(), status.message().to_owned())
+    } else {
+        link.set_answered(false);
+        let call = CallStatus::from_error(cause);
+        let code = if call.code == Code::DeadlineExceeded {
+            Code::DeadlineExceeded
+        } else {
+            Code::Unavailable
+        };
+        (code, call.message)
+    };
+    let mut named = Status::new(code, format!("{}: {message}", link.target));
+    named.set_source(Arc::new(status));
+    named
+}
+
+/// Whether the server reset the stream (`RST_STREAM` with a reason gRPC maps to a code).
+fn reset_by_server(error: &(dyn Error + 'static)) -> bool {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_reset() && h2.is_remote();
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// Builds targets' stacks: one card per target, shared by its breaker, its quarantine and its
@@ -128,8 +378,11 @@ pub(crate) struct StackFactory {
     pub(crate) group: QuarantineGroup,
     pub(crate) breaker: BreakerConfig,
     pub(crate) breaker_enabled: bool,
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: crate::metrics::KitMetrics,
+    /// Whether targets are connected by the kit's own connector ([`crate::connect`]), which
+    /// tells a connection that failed before the server spoke; otherwise by tonic's.
+    pub(crate) own_connector: bool,
+    /// The kit's span and metrics of calls (`crate::observe`).
+    pub(crate) observe: crate::observe::Observer,
 }
 
 impl fmt::Debug for StackFactory {
@@ -155,10 +408,14 @@ impl StackFactory {
         if !self.breaker_enabled {
             handle.disable();
         }
-        let channel = endpoint.connect_lazy();
-        let leaf = Labeled::new(channel, target.clone());
-        #[cfg(feature = "metrics")]
-        let leaf = endpoint_state::Classify::new(leaf, self.metrics.call_metrics(target));
+        let channel = if self.own_connector {
+            crate::connect::channel(endpoint)
+        } else {
+            endpoint.connect_lazy()
+        };
+        let leaf = self
+            .observe
+            .leaf(Labeled::new(channel, target.clone()), target, card);
         let stack = Health::new(
             self.group.layer(card.clone()).layer(breaker.layer(leaf)),
             card.clone(),

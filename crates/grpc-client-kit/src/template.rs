@@ -1,6 +1,7 @@
 //! The endpoint template: how a target's address becomes a tonic `Endpoint`.
 
 use endpoint_state::ConfigError;
+use endpoint_state::time::FAR;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,13 @@ type TemplateFn = dyn Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'st
 /// probe channel (a separate connection, with the same settings), so a probe sees the backend
 /// exactly as the application does.
 ///
+/// **Connect timeout.** An endpoint whose template sets no connect timeout
+/// (`Endpoint::get_connect_timeout()` is `None`) gets
+/// [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT) (20 s, gRPC's minimum connect
+/// timeout): without one, an address that drops SYNs holds a connection
+/// attempt — and every call queued on it — for the operating system's retries (about 2
+/// minutes on Linux). A template's own connect timeout is kept as it is.
+///
 /// ```
 /// use std::time::Duration;
 /// use grpc_client_kit::EndpointTemplate;
@@ -31,31 +39,82 @@ type TemplateFn = dyn Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'st
 /// });
 /// let endpoint = template.endpoint("http://10.0.0.7:50051").unwrap();
 /// assert_eq!(endpoint.uri(), "http://10.0.0.7:50051/");
+/// assert_eq!(endpoint.get_connect_timeout(), Some(Duration::from_secs(20)));
 /// ```
 #[derive(Clone)]
 pub struct EndpointTemplate {
     f: Arc<TemplateFn>,
+    /// Made by the kit from settings it knows ([`new`](Self::new), [`EndpointSettings`]):
+    /// every setting of its endpoints can be read back, so the kit may connect them with its
+    /// own connector (see [`from_fn`](Self::from_fn)).
+    known: bool,
 }
 
 impl EndpointTemplate {
-    /// The default: the URI as it is, with tonic's default settings.
+    /// The connect timeout of a target whose endpoint template sets none: 20 s, gRPC's minimum
+    /// connect timeout (gRPC's connection backoff spec: `MIN_CONNECT_TIMEOUT`). It bounds one
+    /// connection attempt of the application channel and of the probe channel alike.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+    /// The default: the URI as it is, with tonic's default settings (and the
+    /// [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT)).
     pub fn new() -> Self {
-        EndpointTemplate::from_fn(|uri: &str| Ok(Endpoint::from_shared(uri.to_owned())?))
+        EndpointTemplate::known(|uri: &str| Ok(Endpoint::from_shared(uri.to_owned())?))
     }
 
     /// A template from a function of the target's URI.
+    ///
+    /// The kit connects the targets of its own templates ([`new`](Self::new), a configuration
+    /// file's `[endpoint]`) with tonic's TCP connector built from the endpoint's settings, and
+    /// watches each connection: when one fails before the server sent a single byte (a
+    /// stopping server resetting connections still in its accept queue), no server code saw
+    /// the calls on it, and they go to another target
+    /// ([`transparent_retry`](crate::KitBuilder::transparent_retry)). An endpoint from a
+    /// function may set what tonic lets no one read back (its local address), so the kit
+    /// leaves its connections to tonic, as it gives them: everything else works alike, but
+    /// such a call fails with `UNAVAILABLE` instead of being retried.
     pub fn from_fn<F>(f: F) -> Self
     where
         F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
     {
-        EndpointTemplate { f: Arc::new(f) }
+        EndpointTemplate {
+            f: Arc::new(f),
+            known: false,
+        }
     }
 
-    /// The endpoint for `uri`.
+    /// A template of the kit's own, whose every setting can be read back.
+    fn known<F>(f: F) -> Self
+    where
+        F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
+    {
+        EndpointTemplate {
+            f: Arc::new(f),
+            known: true,
+        }
+    }
+
+    /// Whether the kit may connect this template's endpoints with its own connector.
+    pub(crate) fn is_known(&self) -> bool {
+        self.known
+    }
+
+    /// The endpoint for `uri`: the template's, with
+    /// [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT) when it sets no connect
+    /// timeout of its own.
     pub fn endpoint(&self, uri: &str) -> Result<Endpoint, BoxError> {
-        (self.f)(uri)
+        let endpoint = (self.f)(uri)?;
+        Ok(match endpoint.get_connect_timeout() {
+            Some(_) => endpoint,
+            None => endpoint.connect_timeout(Self::DEFAULT_CONNECT_TIMEOUT),
+        })
     }
 }
+
+/// The shortest HTTP/2 keepalive interval or timeout accepted: below a second a ping is load,
+/// not a liveness check, and servers answer pings more often than every 5 minutes with
+/// `GOAWAY ENHANCE_YOUR_CALM "too_many_pings"` anyway (gRFC A8).
+pub(crate) const MIN_KEEPALIVE: Duration = Duration::from_secs(1);
 
 impl Default for EndpointTemplate {
     fn default() -> Self {
@@ -70,8 +129,15 @@ impl fmt::Debug for EndpointTemplate {
 }
 
 /// The `[endpoint]` block of a [`KitConfig`](crate::KitConfig): the settings a configuration
-/// file can give every target's endpoint. Unset fields keep tonic's defaults. (TLS needs
-/// tonic's TLS features; set it with [`KitBuilder::endpoint_template`](crate::KitBuilder::endpoint_template).)
+/// file can give every target's endpoint. Unset fields keep tonic's defaults (and the
+/// [`DEFAULT_CONNECT_TIMEOUT`](EndpointTemplate::DEFAULT_CONNECT_TIMEOUT)). (TLS needs tonic's
+/// TLS features; set it with
+/// [`KitBuilder::endpoint_template`](crate::KitBuilder::endpoint_template).)
+///
+/// [`validate`](Self::validate) refuses what cannot work: a zero `timeout` or
+/// `connect_timeout` (every call, or every connection, would fail at once) and an HTTP/2
+/// keepalive interval or timeout under a second. A duration beyond any clock
+/// (`Duration::MAX`) is as long as anything waits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointSettings {
@@ -102,9 +168,44 @@ pub struct EndpointSettings {
 }
 
 impl EndpointSettings {
-    /// Checks the fields tonic would refuse (`origin`, `user_agent`); the error names the field
-    /// and the value.
+    /// Checks every field: the ones tonic would refuse (`origin`, `user_agent`), zero
+    /// timeouts, and sub-second keepalives; the error names the field and the value.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            ("endpoint.timeout", self.timeout),
+            ("endpoint.connect_timeout", self.connect_timeout),
+        ] {
+            if let Some(d) = value
+                && d.is_zero()
+            {
+                return Err(ConfigError::new(
+                    crate::error::CONFIG,
+                    field,
+                    format!("{d:?}"),
+                    "more than zero (a zero timeout fails everything at once; leave it unset \
+                     for none)",
+                ));
+            }
+        }
+        for (field, value) in [
+            (
+                "endpoint.http2_keep_alive_interval",
+                self.http2_keep_alive_interval,
+            ),
+            ("endpoint.keep_alive_timeout", self.keep_alive_timeout),
+        ] {
+            if let Some(d) = value
+                && d < MIN_KEEPALIVE
+            {
+                return Err(ConfigError::new(
+                    crate::error::CONFIG,
+                    field,
+                    format!("{d:?}"),
+                    "at least 1 s (servers answer pings more often than every 5 minutes with \
+                     GOAWAY too_many_pings)",
+                ));
+            }
+        }
         if let Some(origin) = &self.origin
             && let Err(e) = origin.parse::<http::Uri>()
         {
@@ -128,13 +229,14 @@ impl EndpointSettings {
         Ok(())
     }
 
-    /// Applies every set field to `endpoint`.
+    /// Applies every set field to `endpoint` (a duration beyond any clock cut to
+    /// [`FAR`](endpoint_state::time::FAR), as long as anything waits).
     pub fn apply(&self, mut endpoint: Endpoint) -> Result<Endpoint, BoxError> {
         if let Some(t) = self.timeout {
-            endpoint = endpoint.timeout(t);
+            endpoint = endpoint.timeout(t.min(FAR));
         }
         if let Some(t) = self.connect_timeout {
-            endpoint = endpoint.connect_timeout(t);
+            endpoint = endpoint.connect_timeout(t.min(FAR));
         }
         if let Some(origin) = &self.origin {
             endpoint = endpoint.origin(origin.parse::<http::Uri>()?);
@@ -146,13 +248,13 @@ impl EndpointSettings {
             endpoint = endpoint.tcp_nodelay(nodelay);
         }
         if self.tcp_keepalive.is_some() {
-            endpoint = endpoint.tcp_keepalive(self.tcp_keepalive);
+            endpoint = endpoint.tcp_keepalive(self.tcp_keepalive.map(|t| t.min(FAR)));
         }
         if let Some(i) = self.http2_keep_alive_interval {
-            endpoint = endpoint.http2_keep_alive_interval(i);
+            endpoint = endpoint.http2_keep_alive_interval(i.min(FAR));
         }
         if let Some(t) = self.keep_alive_timeout {
-            endpoint = endpoint.keep_alive_timeout(t);
+            endpoint = endpoint.keep_alive_timeout(t.min(FAR));
         }
         if let Some(idle) = self.keep_alive_while_idle {
             endpoint = endpoint.keep_alive_while_idle(idle);
@@ -163,7 +265,7 @@ impl EndpointSettings {
     /// A template that builds each target's endpoint from its URI and these settings.
     pub fn template(&self) -> EndpointTemplate {
         let settings = self.clone();
-        EndpointTemplate::from_fn(move |uri: &str| {
+        EndpointTemplate::known(move |uri: &str| {
             settings.apply(Endpoint::from_shared(uri.to_owned())?)
         })
     }

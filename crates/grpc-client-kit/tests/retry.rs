@@ -197,19 +197,24 @@ enum Refuse {
 /// A bare HTTP/2 server that refuses every stream it is sent, in a way HTTP/2 defines as "not
 /// processed": what a backend does while it shuts down or is overloaded. Counts the streams.
 async fn refusing_server(how: Refuse) -> (SocketAddr, Arc<AtomicUsize>) {
+    refusing_server_after(how, Duration::ZERO).await
+}
+
+/// As [`refusing_server`], taking `delay` to refuse each stream.
+async fn refusing_server_after(how: Refuse, delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let streams = Arc::new(AtomicUsize::new(0));
     let counted = streams.clone();
     tokio::spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
-            tokio::spawn(refuse_on(sock, how, counted.clone()));
+            tokio::spawn(refuse_on(sock, how, delay, counted.clone()));
         }
     });
     (addr, streams)
 }
 
-async fn refuse_on(mut sock: TcpStream, how: Refuse, streams: Arc<AtomicUsize>) {
+async fn refuse_on(mut sock: TcpStream, how: Refuse, delay: Duration, streams: Arc<AtomicUsize>) {
     let mut preface = [0u8; 24];
     if sock.read_exact(&mut preface).await.is_err() {
         return;
@@ -236,6 +241,7 @@ async fn refuse_on(mut sock: TcpStream, how: Refuse, streams: Arc<AtomicUsize>) 
             // HEADERS: a new stream, refused.
             0x1 => {
                 streams.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
                 match how {
                     Refuse::GoAway => vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
                     Refuse::Reset => [
@@ -313,4 +319,144 @@ async fn a_stream_above_the_servers_goaway_goes_to_another_target() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_stream_goes_to_another_target() {
     refused_streams_go_to_another_target(Refuse::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_sent_again_carries_what_is_left_of_its_deadline() {
+    // The first target takes 300 ms to refuse the stream; the call goes to the second with
+    // what is left of its second, not a whole second again.
+    let backends = Backends::start(1).await.unwrap();
+    let (addr, refused) = refusing_server_after(Refuse::Reset, Duration::from_millis(300)).await;
+    let kit = Kit::builder()
+        .targets([format!("http://{addr}"), backends.uris()[0].clone()])
+        .without_health()
+        .build()
+        .unwrap();
+    let mut client = TestServiceClient::new(kit.channel());
+    let mut request = tonic::Request::new(Ping::default());
+    request.set_timeout(Duration::from_secs(1));
+    client.unary(request).await.unwrap();
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        1,
+        "round-robin starts with the refusing one"
+    );
+    let headers = backends[0].last_request_headers().unwrap();
+    let sent = grpc_client_kit::balance::grpc_timeout(headers["grpc-timeout"].as_bytes()).unwrap();
+    assert!(
+        sent <= Duration::from_millis(700),
+        "sent again with {sent:?} of a 1 s deadline after 300 ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_sent_again_never_lands_on_the_target_that_refused_it() {
+    // A refused stream is no evidence against its target (it stays eligible), and the random
+    // strategy could choose it again for the second attempt: the retry avoids it.
+    let backends = Backends::start(1).await.unwrap();
+    let (addr, refused) = refusing_server(Refuse::Reset).await;
+    let kit = Kit::builder()
+        .targets([format!("http://{addr}"), backends.uris()[0].clone()])
+        .without_health()
+        .balance(
+            grpc_client_kit::balance::BalanceConfig::new()
+                .strategy(grpc_client_kit::balance::Strategy::Random)
+                .seed(14),
+        )
+        .build()
+        .unwrap();
+    let mut client = TestServiceClient::new(kit.channel());
+    for i in 0..40 {
+        let reply = client.unary(Ping::default()).await;
+        assert!(reply.is_ok(), "call {i}: {reply:?}");
+    }
+    assert!(
+        refused.load(Ordering::SeqCst) >= 5,
+        "the refusing target was chosen"
+    );
+    assert_eq!(backends[0].hits(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_the_server_ended_early_is_let_go() {
+    // The server ends the call without reading the stream; the channel handle then stays idle.
+    // The stream must be dropped all the same, so that its producer learns that nobody reads.
+    let backends = Backends::start(1).await.unwrap();
+    let kit = kit_over(&backends, true);
+    let mut channel = kit.channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Ping>(1);
+    let pings = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let producer = tokio::spawn(async move {
+        let mut sent = 0;
+        while tx.send(Ping::default()).await.is_ok() {
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sent
+    });
+    let status = test_backends::upload(&mut channel, tonic::Request::new(pings))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    let sent = tokio::time::timeout(Duration::from_secs(2), producer)
+        .await
+        .expect("the producer still feeds a stream nobody reads")
+        .unwrap();
+    assert!(sent >= 1, "{sent}");
+    drop(channel);
+}
+
+/// Calls through `kit` until `mute` has reset a connection with a call on it: what came back.
+async fn calls_until_a_mute_reset(
+    kit: &Kit,
+    mute: &test_backends::MuteServer,
+) -> Vec<Result<(), tonic::Status>> {
+    let mut client = TestServiceClient::new(kit.channel());
+    let mut results = Vec::new();
+    for _ in 0..6 {
+        results.push(client.unary(Ping::default()).await.map(drop));
+    }
+    assert!(mute.resets() >= 1, "no call reached the mute server");
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_reset_before_the_server_spoke_sends_the_call_elsewhere() {
+    // A stopping server resets the connections left in its accept queue: a call on one failed
+    // before the server sent a single byte, so no server code saw it — it goes to another
+    // target.
+    let mute = test_backends::MuteServer::start().await.unwrap();
+    let backends = Backends::start(1).await.unwrap();
+    let kit = Kit::builder()
+        .targets([mute.uri(), backends[0].uri()])
+        .without_health()
+        .build()
+        .unwrap();
+    let results = calls_until_a_mute_reset(&kit, &mute).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(backends[0].hits(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_template_function_such_a_reset_fails_the_call_naming_its_target() {
+    // The same reset through tonic's own connector (a template function may set what the kit
+    // cannot read back): it cannot be told from a reset after the server spoke.
+    let mute = test_backends::MuteServer::start().await.unwrap();
+    let backends = Backends::start(1).await.unwrap();
+    let template = grpc_client_kit::EndpointTemplate::from_fn(|uri: &str| {
+        Ok(tonic::transport::Endpoint::from_shared(uri.to_owned())?)
+    });
+    let kit = Kit::builder()
+        .targets([mute.uri(), backends[0].uri()])
+        .template(template)
+        .without_health()
+        .build()
+        .unwrap();
+    let results = calls_until_a_mute_reset(&kit, &mute).await;
+    let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(!failed.is_empty(), "{results:?}");
+    for status in failed {
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().starts_with(&mute.uri()), "{status:?}");
+    }
 }

@@ -251,7 +251,7 @@ where
                                     Some(card)
                                 }
                                 Err(error) => {
-                                    tracing::warn!(target = %name, %error, "discovered endpoint cannot be health-checked; it will not be used");
+                                    tracing::warn!(backend = %name, %error, "discovered endpoint cannot be health-checked; it will not be used");
                                     None
                                 }
                             }

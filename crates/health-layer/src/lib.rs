@@ -22,7 +22,7 @@
 //! `Watch`, one stream per target whose every message is a verdict at once (a backend set to
 //! `NOT_SERVING` is gated within a millisecond), re-subscribing with backoff when the stream
 //! breaks (with a [`Backoff`]); an HTTP GET judged by a predicate (cargo feature `http-probe`,
-//! on by default); or your own. The service name defaults to `""`, the whole server.
+//! off by default); or your own. The service name defaults to `""`, the whole server.
 //!
 //! **Evidence only, with gRPC's client health semantics (gRFC A17).** A target is healthy
 //! only after a probe saw it serving: until then its card says
@@ -100,6 +100,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod checker;
 mod config;

@@ -122,13 +122,25 @@ async fn wait_until_ready_is_false_on_timeout_and_when_not_running() {
     assert!(!checker.wait_until_ready(Duration::from_secs(5)).await);
     assert_eq!(t0.elapsed(), Duration::from_secs(5));
 
-    // Stopping wakes a waiter at once with `false`.
+    // Stopping wakes a waiter at once with `false`. On the paused clock an idle runtime jumps
+    // to the next timer, so a waiter nothing wakes would still return `false` — at its
+    // timeout, an hour later: the time it took is the test.
     let waiter = {
         let checker = checker.clone();
-        tokio::spawn(async move { checker.wait_until_ready(Duration::from_secs(3_600)).await })
+        tokio::spawn(async move {
+            let t0 = tokio::time::Instant::now();
+            let ready = checker.wait_until_ready(Duration::from_secs(3_600)).await;
+            (ready, t0.elapsed())
+        })
     };
     tokio::task::yield_now().await;
     checker.stop().await;
-    assert!(!waiter.await.unwrap());
+    let (ready, took) = waiter.await.unwrap();
+    assert!(!ready);
+    assert_eq!(
+        took,
+        Duration::ZERO,
+        "woken by stop(), not by its own timeout"
+    );
     assert!(!checker.wait_until_ready(Duration::from_secs(1)).await);
 }

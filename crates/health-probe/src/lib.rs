@@ -53,6 +53,7 @@
 //! ```
 //!
 //! [`grpc_health_probe`]: https://github.com/grpc-ecosystem/grpc-health-probe
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod args;
 mod connect;
@@ -173,6 +174,10 @@ pub async fn run(parsed: Parsed) -> Outcome {
             return Outcome::InvalidArguments;
         }
     };
+    // Roots of the platform that could not be loaded while others could: said, not hidden.
+    for warning in prepared.dialer.tls.iter().flat_map(|tls| &tls.warnings) {
+        log.line(warning);
+    }
     if options.watch {
         watch_all(&options, prepared, &log, &mut signals).await
     } else {

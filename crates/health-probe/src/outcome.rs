@@ -1,5 +1,6 @@
 //! What a probe concluded, in the original's words and exit codes.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use health_layer::probe::{ProbeError, ProbeFailure, ServingStatus, status_text};
 use tonic::{Code, Status};
 
 use crate::duration::GoDuration;
+use crate::output::escape_control;
 
 /// What a probe of one address concluded, as `grpc_health_probe`'s exit codes say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,8 +140,18 @@ impl Report {
 
     /// The line `grpc_health_probe` prints for this result (on stderr): `status: SERVING`,
     /// `service unhealthy (responded with "NOT_SERVING")`,
-    /// `timeout: failed to connect service "h:1" within 1s`, ...
+    /// `timeout: failed to connect service "h:1" within 1s`, ... The server's text in it (a
+    /// status message, an error) has its control characters escaped (`\n`, `\u{1b}`): one
+    /// line, that cannot drive the terminal.
     pub fn message(&self) -> String {
+        let message = self.raw_message();
+        match escape_control(&message) {
+            Cow::Borrowed(_) => message,
+            Cow::Owned(escaped) => escaped,
+        }
+    }
+
+    fn raw_message(&self) -> String {
         match &self.result {
             Ok(ServingStatus::Serving) => "status: SERVING".to_owned(),
             Ok(other) => format!(
@@ -319,6 +331,34 @@ mod tests {
             let r = report(result);
             assert_eq!(r.outcome(), outcome);
             assert_eq!(r.message(), message);
+        }
+    }
+
+    #[test]
+    fn server_text_is_printed_with_its_control_characters_escaped() {
+        // A server (or a proxy) chooses its status message: it must not move the cursor,
+        // clear the screen, recolour the terminal or forge a second line.
+        let hostile = "no\x1b[2J\x1b[31mpe\r\nstatus: SERVING\u{7}\u{202e}";
+        for result in [
+            rpc(Status::not_found(hostile)),
+            rpc(Status::unimplemented(hostile)),
+            Err(ProbeError::new(
+                "h:1",
+                ProbeFailure::Connect {
+                    timed_out: None,
+                    source: Some(hostile.into()),
+                },
+            )),
+        ] {
+            let message = report(result).message();
+            assert!(
+                !message.chars().any(|c| c.is_control() || c == '\u{202e}'),
+                "{message:?}"
+            );
+            assert!(
+                message.contains(r"no\u{1b}[2J\u{1b}[31mpe\r\nstatus"),
+                "{message}"
+            );
         }
     }
 

@@ -1,6 +1,10 @@
 //! Where lines go: stderr, as the original's Go `log` writes them, one `eprintln!` (one
-//! locked write) per line so concurrent probes never interleave within a line.
+//! locked write) per line so concurrent probes never interleave within a line. Every line is
+//! printed with its control characters escaped ([`escape_control`]): much of what the probe
+//! prints is the server's own text (a status message, an HTTP body, an error), and a server
+//! must not be able to move the cursor, recolour or clear the terminal, or forge a line.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -42,7 +46,7 @@ impl Log {
         }
     }
 
-    /// The line as printed.
+    /// The line as printed (control characters escaped).
     pub(crate) fn format(&self, message: &str) -> String {
         let mut line = String::new();
         if self.timestamps {
@@ -52,7 +56,7 @@ impl Log {
         if let Some(prefix) = &self.prefix {
             line.push_str(prefix);
         }
-        line.push_str(message);
+        line.push_str(&escape_control(message));
         line
     }
 
@@ -69,6 +73,28 @@ impl Log {
             self.line(message);
         }
     }
+}
+
+/// `text` with every control character (C0, DEL, C1) and every bidirectional-override
+/// character written as Rust writes it in a string literal (`\n`, `\u{1b}`, `\u{202e}`), so
+/// that it prints on one line as what it is. Borrows when there is nothing to escape (the
+/// common case); printable text, quotes and backslashes are kept as they are.
+pub(crate) fn escape_control(text: &str) -> Cow<'_, str> {
+    fn escaped(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `2025-11-29T17:30:01.123Z`: UTC, milliseconds.
@@ -116,6 +142,17 @@ mod tests {
         assert_eq!(at(1_709_251_199, 999), "2024-02-29T23:59:59.999Z");
         assert_eq!(at(1_764_437_401, 123), "2025-11-29T17:30:01.123Z");
         assert_eq!(at(4_102_444_800, 0), "2100-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn every_printed_line_has_its_control_characters_escaped() {
+        let log = Log::new(false, false).for_address("h:1");
+        assert_eq!(
+            log.format("error: \u{1b}]0;owned\u{7}\ttab\r\nline"),
+            r"h:1: error: \u{1b}]0;owned\u{7}\ttab\r\nline"
+        );
+        // Printable text, quotes and non-ASCII letters are kept as they are.
+        assert_eq!(log.format("état \"ok\" ✓"), "h:1: état \"ok\" ✓");
     }
 
     #[test]

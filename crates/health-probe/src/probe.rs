@@ -24,6 +24,7 @@ use crate::outcome::{Outcome, Report};
 use crate::output::Log;
 use crate::target::Target;
 use crate::tls::TlsSetup;
+use crate::watch::WatchTiming;
 
 /// Everything a probe needs, built once from the options.
 #[derive(Debug)]
@@ -34,6 +35,8 @@ pub(crate) struct Prepared {
     pub(crate) connect_timeout: Duration,
     pub(crate) rpc_timeout: Duration,
     pub(crate) gzip: bool,
+    /// When `-watch` reconnects and verifies quiet streams.
+    pub(crate) watch_timing: WatchTiming,
 }
 
 impl Prepared {
@@ -73,6 +76,7 @@ impl Prepared {
             connect_timeout: options.connect_timeout,
             rpc_timeout: options.rpc_timeout,
             gzip: options.gzip,
+            watch_timing: WatchTiming::default(),
         })
     }
 

@@ -20,12 +20,19 @@ use tokio_rustls::rustls::{
 use crate::args::TlsOptions;
 use crate::target::Target;
 
+/// The most bytes read from a `-tls-ca-cert`, `-tls-client-cert` or `-tls-client-key` file:
+/// 1 MiB, far beyond any certificate chain or key, so that a wrong path (a log, a device, a
+/// pipe that never ends) is refused instead of read whole.
+pub(crate) const MAX_PEM_FILE: u64 = 1024 * 1024;
+
 /// The TLS side of every connection the probe makes.
 #[derive(Clone)]
 pub(crate) struct TlsSetup {
     pub(crate) config: Arc<ClientConfig>,
     /// `-tls-server-name`, already checked.
     server_name: Option<ServerName<'static>>,
+    /// What went wrong loading the platform's roots while some loaded: printed, not fatal.
+    pub(crate) warnings: Vec<String>,
 }
 
 impl fmt::Debug for TlsSetup {
@@ -44,6 +51,7 @@ impl TlsSetup {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsInitError(format!("no usable TLS versions: {e}")))?;
+        let mut warnings = Vec::new();
         let builder = if options.no_verify {
             builder
                 .dangerous()
@@ -53,7 +61,7 @@ impl TlsSetup {
         } else {
             let roots = match &options.ca_cert {
                 Some(path) => roots_from_file(path)?,
-                None => system_roots(),
+                None => system_roots(rustls_native_certs::load_native_certs(), &mut warnings)?,
             };
             builder.with_root_certificates(roots)
         };
@@ -84,6 +92,7 @@ impl TlsSetup {
         Ok(TlsSetup {
             config: Arc::new(config),
             server_name,
+            warnings,
         })
     }
 
@@ -107,8 +116,8 @@ fn roots_from_file(path: &Path) -> Result<RootCertStore, TlsInitError> {
             "failed to load root CA certificates from file ({shown}) error={e}"
         ))
     };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| failed(&e))?
+    let pem = read_capped(path).map_err(|e| failed(&e))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| failed(&e))?;
     let mut roots = RootCertStore::empty();
@@ -121,27 +130,66 @@ fn roots_from_file(path: &Path) -> Result<RootCertStore, TlsInitError> {
     Ok(roots)
 }
 
-/// The platform's trusted roots. Possibly none (a bare container): then every server
-/// certificate fails verification at connect time, as it would with the original.
-fn system_roots() -> RootCertStore {
-    let found = rustls_native_certs::load_native_certs();
+/// The platform's trusted roots, as `rustls-native-certs` found them. None found and none
+/// failing (a bare container): an empty store, so every server certificate fails verification
+/// at connect time, as it would with the original. Roots that could not be loaded are
+/// reported: as an error when none loaded (the probe could verify nothing), else as warnings.
+fn system_roots(
+    found: rustls_native_certs::CertificateResult,
+    warnings: &mut Vec<String>,
+) -> Result<RootCertStore, TlsInitError> {
     let mut roots = RootCertStore::empty();
-    roots.add_parsable_certificates(found.certs);
-    roots
+    let (added, ignored) = roots.add_parsable_certificates(found.certs);
+    let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+    if added == 0 && !errors.is_empty() {
+        return Err(TlsInitError(format!(
+            "failed to load the system's root CA certificates: {}",
+            errors.join("; ")
+        )));
+    }
+    for error in errors {
+        warnings.push(format!(
+            "warning: some of the system's root CA certificates could not be loaded: {error}"
+        ));
+    }
+    if ignored > 0 {
+        warnings.push(format!(
+            "warning: {ignored} of the system's root CA certificates could not be parsed"
+        ));
+    }
+    Ok(roots)
+}
+
+/// A file's bytes, refused beyond [`MAX_PEM_FILE`].
+fn read_capped(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_PEM_FILE {
+        return Err(format!(
+            "the file is larger than {} KiB: not a PEM file of certificates or a key",
+            MAX_PEM_FILE / 1024
+        ));
+    }
+    Ok(bytes)
 }
 
 fn key_pair(
     cert: &Path,
     key: &Path,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
+    let pem = read_capped(cert).map_err(|e| format!("{}: {e}", cert.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: {e}", cert.display()))?;
     if chain.is_empty() {
         return Err(format!("{}: no certificate found", cert.display()));
     }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let pem = read_capped(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("{}: {e}", key.display()))?;
     Ok((chain, key))
 }
 
@@ -200,3 +248,94 @@ impl fmt::Display for TlsInitError {
 }
 
 impl std::error::Error for TlsInitError {}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use rustls_native_certs::{CertificateResult, Error, ErrorKind};
+
+    use super::*;
+
+    fn options(ca_cert: Option<&Path>, cert: Option<&Path>, key: Option<&Path>) -> TlsOptions {
+        TlsOptions {
+            no_verify: false,
+            ca_cert: ca_cert.map(Path::to_owned),
+            client_cert: cert.map(Path::to_owned),
+            client_key: key.map(Path::to_owned),
+            server_name: None,
+        }
+    }
+
+    /// A file of `n` bytes, all of them a PEM-looking comment.
+    fn big_file(n: usize) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(&vec![b'#'; n]).unwrap();
+        file
+    }
+
+    fn err(result: Result<TlsSetup, TlsInitError>) -> String {
+        match result {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn tls_files_are_read_up_to_a_cap() {
+        let big = big_file(MAX_PEM_FILE as usize + 1);
+        let text = err(TlsSetup::new(&options(Some(big.path()), None, None)));
+        assert!(text.contains("larger than 1024 KiB"), "{text}");
+        let text = err(TlsSetup::new(&options(
+            None,
+            Some(big.path()),
+            Some(big.path()),
+        )));
+        assert!(text.contains("larger than 1024 KiB"), "{text}");
+        // At the cap, the file is read (and found to hold no certificate).
+        let at_cap = big_file(MAX_PEM_FILE as usize);
+        let text = err(TlsSetup::new(&options(Some(at_cap.path()), None, None)));
+        assert!(text.contains("no root CA certs parsed"), "{text}");
+    }
+
+    fn failed_load() -> Error {
+        Error {
+            context: "failed to read PEM from file",
+            kind: ErrorKind::Os("permission denied".into()),
+        }
+    }
+
+    #[test]
+    fn system_roots_that_all_fail_to_load_are_an_error() {
+        let mut found = CertificateResult::default();
+        found.errors.push(failed_load());
+        let mut warnings = Vec::new();
+        let text = system_roots(found, &mut warnings).unwrap_err().to_string();
+        assert!(
+            text.contains("failed to load the system's root CA certificates")
+                && text.contains("permission denied"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn system_roots_that_partly_fail_to_load_are_a_warning() {
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".to_owned()]).unwrap();
+        let mut found = CertificateResult::default();
+        found.certs.push(ca.cert.der().clone());
+        found.errors.push(failed_load());
+        let mut warnings = Vec::new();
+        let roots = system_roots(found, &mut warnings).unwrap();
+        assert_eq!(roots.len(), 1);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("permission denied"), "{warnings:?}");
+        // Nothing found and nothing failing (a bare container): no error, no warning.
+        let mut warnings = Vec::new();
+        assert!(
+            system_roots(CertificateResult::default(), &mut warnings)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(warnings.is_empty());
+    }
+}

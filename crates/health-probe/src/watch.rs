@@ -3,9 +3,17 @@
 //!
 //! Per address, in a loop: connect (as a one-shot probe does), open `Watch` (its first
 //! message must come within `-rpc-timeout`), print each status that differs from the last line
-//! printed. When the stream breaks after it has delivered statuses, reconnect at once (after
-//! 100 ms); after a failure (no connection, RPC error), wait 1 s, doubling up to 30 s, reset
-//! by the next status received. A server without `Watch` (`UNIMPLEMENTED`) is polled with
+//! printed. A stream that stays quiet for 10 s has its connection verified with one `Check` on
+//! it, as health-layer's checker does: a call with data, which no server counts as an abusive
+//! ping; any answer within `-rpc-timeout` proves the connection alive, none is printed as the
+//! failure it is (a server that froze, a connection a middlebox dropped) and the address is
+//! connected again.
+//!
+//! When a stream that lasted 10 s or more ends (a server's max connection age, a restart), the
+//! address is connected again at once (after 100 ms). Anything else — a failure (no
+//! connection, an RPC error, a silent connection) or a stream that ended sooner (a server that
+//! sends one status and closes) — waits 1 s, doubling up to 30 s; the wait goes back to 1 s
+//! after a stream that lasted. A server without `Watch` (`UNIMPLEMENTED`) is polled with
 //! `Check` every second instead. Lines are the one-shot probe's (`status: SERVING`,
 //! `service unhealthy (responded with "NOT_SERVING")`, `timeout: failed to connect ...`), so
 //! a line is printed when the exit code or the reason changes.
@@ -22,6 +30,7 @@ use endpoint_state::Backoff;
 use health_layer::probe::{
     ProbeError, ProbeFailure, ServingStatus, local_timeout_is_deadline, serving_status,
 };
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -31,13 +40,33 @@ use crate::output::Log;
 use crate::probe::{Phase, Prepared};
 use crate::target::Target;
 
-/// The wait after the n-th failure in a row (from 0): 1 s, doubled after each further one, at
-/// most 30 s.
-const RETRY: Backoff = Backoff::new(Duration::from_secs(1), 2.0, Duration::from_secs(30), 0.0);
-/// The wait before reconnecting after a stream that delivered statuses ended.
-const AFTER_STREAM: Duration = Duration::from_millis(100);
-/// How often `Check` is asked when the server has no `Watch`.
-const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// When a watch reconnects and verifies: see the [module docs](self).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WatchTiming {
+    /// The wait after the n-th failure in a row (from 0): 1 s, doubled after each further
+    /// one, at most 30 s.
+    pub(crate) retry: Backoff,
+    /// The wait before reconnecting after a stream that lasted ended.
+    pub(crate) after_stream: Duration,
+    /// How long a stream must have lasted for its end to be news rather than a fault.
+    pub(crate) stable: Duration,
+    /// How long a stream may stay quiet before its connection is verified with a `Check`.
+    pub(crate) verify_after: Duration,
+    /// How often `Check` is asked when the server has no `Watch`.
+    pub(crate) poll_interval: Duration,
+}
+
+impl Default for WatchTiming {
+    fn default() -> Self {
+        WatchTiming {
+            retry: Backoff::new(Duration::from_secs(1), 2.0, Duration::from_secs(30), 0.0),
+            after_stream: Duration::from_millis(100),
+            stable: Duration::from_secs(10),
+            verify_after: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
 
 /// What one watched address has seen, read when the watch is interrupted.
 #[derive(Debug)]
@@ -66,20 +95,27 @@ impl Watched {
 }
 
 /// Failures in a row, and the wait each calls for.
-#[derive(Default)]
 struct Retries {
+    backoff: Backoff,
     failures: u32,
 }
 
 impl Retries {
+    fn new(backoff: Backoff) -> Self {
+        Retries {
+            backoff,
+            failures: 0,
+        }
+    }
+
     /// The wait after one more failure.
     fn next(&mut self) -> Duration {
-        let wait = RETRY.nominal(self.failures);
+        let wait = self.backoff.nominal(self.failures);
         self.failures = self.failures.saturating_add(1);
         wait
     }
 
-    /// A status came: the next failure waits the first wait again.
+    /// A stream lasted: the next failure waits the first wait again.
     fn reset(&mut self) {
         self.failures = 0;
     }
@@ -110,9 +146,10 @@ impl Emitter<'_> {
 
 /// How a watch of one connection ended.
 enum Ended {
-    /// It delivered statuses, then broke: reconnect soon.
-    AfterStatuses,
-    /// It failed without delivering any: back off.
+    /// It delivered statuses, then ended or broke, after lasting this long: reconnect soon if
+    /// it lasted, back off if not.
+    AfterStatuses(Duration),
+    /// It failed without delivering any, or its connection went silent: back off.
     Failed,
 }
 
@@ -143,7 +180,8 @@ pub(crate) async fn watch(
             return;
         }
     };
-    let mut retries = Retries::default();
+    let timing = prepared.watch_timing;
+    let mut retries = Retries::new(timing.retry);
     loop {
         watched.phase.connecting();
         log.verbose("establishing connection");
@@ -157,11 +195,11 @@ pub(crate) async fn watch(
                 log.verbose("connection established");
                 watched.phase.rpc();
                 match follow(&prepared, channel, &mut emitter).await {
-                    Ended::AfterStatuses => {
+                    Ended::AfterStatuses(lasted) if lasted >= timing.stable => {
                         retries.reset();
-                        AFTER_STREAM
+                        timing.after_stream
                     }
-                    Ended::Failed => retries.next(),
+                    Ended::AfterStatuses(_) | Ended::Failed => retries.next(),
                 }
             }
         };
@@ -176,6 +214,7 @@ pub(crate) async fn watch(
 /// Follows `Watch` on one connection until it ends.
 async fn follow(prepared: &Prepared, channel: Channel, emitter: &mut Emitter<'_>) -> Ended {
     let address = emitter.address;
+    let started = Instant::now();
     let mut client = prepared.client(channel.clone());
     let opened = tokio::time::timeout(prepared.rpc_timeout, async {
         let mut stream = client.watch(prepared.request()).await?.into_inner();
@@ -207,19 +246,47 @@ async fn follow(prepared: &Prepared, channel: Channel, emitter: &mut Emitter<'_>
             return Ended::Failed;
         }
     };
-    let mut answer = first;
+    emitter.emit(Ok(serving_status(first.status)));
+    let verify_after = prepared.watch_timing.verify_after;
+    let quiet = tokio::time::sleep(verify_after);
+    let mut quiet = std::pin::pin!(quiet);
     loop {
-        emitter.emit(Ok(serving_status(answer.status)));
-        answer = match stream.message().await {
-            Ok(Some(next)) => next,
-            // Ended or broke: what the next connection finds is the news.
-            Ok(None) | Err(_) => return Ended::AfterStatuses,
-        };
+        tokio::select! {
+            next = stream.message() => match next {
+                Ok(Some(answer)) => {
+                    emitter.emit(Ok(serving_status(answer.status)));
+                    quiet.as_mut().reset(Instant::now() + verify_after);
+                }
+                // Ended or broke: what the next connection finds is the news.
+                Ok(None) | Err(_) => return Ended::AfterStatuses(started.elapsed()),
+            },
+            () = quiet.as_mut() => {
+                emitter.log.verbose("the health watch is quiet; verifying its connection with Check");
+                match prepared.check(channel.clone(), address).await {
+                    // No answer in time, or the connection broke: the stream is dead.
+                    Err(e) if e.connection_ended() || is_local_timeout(&e) => {
+                        emitter.emit(Err(e));
+                        return Ended::Failed;
+                    }
+                    // Any answer proves the connection alive; the stream says the status.
+                    _ => quiet.as_mut().reset(Instant::now() + verify_after),
+                }
+            }
+        }
     }
+}
+
+/// Whether a `Check` found no answer within its time (rather than an answer of the server's).
+fn is_local_timeout(e: &ProbeError) -> bool {
+    matches!(
+        e.failure(),
+        ProbeFailure::Rpc { status, .. } if status.code() == Code::DeadlineExceeded
+    ) && !e.connection_ended()
 }
 
 /// Asks `Check` every second on one connection until it fails.
 async fn poll(prepared: &Prepared, channel: Channel, emitter: &mut Emitter<'_>) -> Ended {
+    let started = Instant::now();
     let mut answered = false;
     loop {
         match prepared.check(channel.clone(), emitter.address).await {
@@ -230,15 +297,18 @@ async fn poll(prepared: &Prepared, channel: Channel, emitter: &mut Emitter<'_>) 
             Err(e) => {
                 emitter.emit(Err(e));
                 return if answered {
-                    Ended::AfterStatuses
+                    Ended::AfterStatuses(started.elapsed())
                 } else {
                     Ended::Failed
                 };
             }
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::time::sleep(prepared.watch_timing.poll_interval).await;
     }
 }
+
+#[cfg(test)]
+mod live;
 
 #[cfg(test)]
 mod tests {
@@ -246,7 +316,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_its_cap_and_resets() {
-        let mut b = Retries::default();
+        let mut b = Retries::new(WatchTiming::default().retry);
         let waits: Vec<u64> = (0..8).map(|_| b.next().as_secs()).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
         b.reset();

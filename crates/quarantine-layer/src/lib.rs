@@ -119,6 +119,7 @@
 //! A caller's own timeout *above* the layer drops the call, which counts neither way; to have
 //! timeouts quarantine, set the timeout on the `Endpoint` (or a `tower::timeout` layer) below
 //! this one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 pub mod error;

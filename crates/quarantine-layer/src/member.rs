@@ -9,16 +9,17 @@ use std::time::Duration;
 use endpoint_state::EndpointCard;
 use tokio::time::Instant;
 
-/// A snapshot of the members; replaced whole on every change.
+/// A snapshot of the members, in the order they were added; rebuilt on the first read after a
+/// change.
 pub(crate) struct Members {
-    /// Increases with every change of membership.
-    pub(crate) version: u64,
     pub(crate) list: Vec<Arc<Member>>,
 }
 
 /// One member: its card, its repeat count and its outlier counters.
 pub(crate) struct Member {
     pub(crate) card: EndpointCard,
+    /// Its place in the group's order (when it was added).
+    pub(crate) seq: u64,
     pub(crate) strikes: Mutex<Strikes>,
     /// Calls in the current outlier interval that did not fail (by the policy's codes).
     pub(crate) successes: AtomicU64,
@@ -27,9 +28,10 @@ pub(crate) struct Member {
 }
 
 impl Member {
-    pub(crate) fn new(card: EndpointCard) -> Self {
+    pub(crate) fn new(card: EndpointCard, seq: u64) -> Self {
         Member {
             card,
+            seq,
             strikes: Mutex::default(),
             successes: AtomicU64::new(0),
             failures: AtomicU64::new(0),

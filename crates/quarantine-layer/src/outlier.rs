@@ -1,12 +1,16 @@
 //! Outlier ejection by failure percentage, evaluated lazily on call outcomes (no timer task).
+//!
+//! An interval is judged by the first outcome after it ends. That may be late — nothing is
+//! judged while no call comes — but never by more than one interval: counts whose interval
+//! ended longer ago than that (a quiet night, say) are dropped unjudged, and the interval that
+//! starts with the next call is judged on its own calls.
 
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
-use endpoint_state::Reason;
+use endpoint_state::{Outcome, Reason, Verdict};
 use tokio::time::Instant;
-use tonic::Code;
 
 use crate::config::OutlierEjection;
 use crate::member::{Member, Members};
@@ -45,13 +49,13 @@ impl OutlierClock {
     }
 
     /// Counts one outcome of `member`'s, after judging the interval that ended, if one did.
-    pub(crate) fn record(&self, group: &impl Group, member: &Member, code: Code) {
+    pub(crate) fn record(&self, group: &impl Group, member: &Member, outcome: &Outcome) {
         let now = Instant::now();
         let since = nanos(now.saturating_duration_since(self.epoch));
         if since >= self.next.load(Ordering::Acquire) {
             self.evaluate_if_due(group, now, since);
         }
-        let counter = if self.policy.failure_codes.contains(code) {
+        let counter = if self.policy.failure_codes.classify(outcome) == Verdict::Failure {
             &member.failures
         } else {
             &member.successes
@@ -66,13 +70,26 @@ impl OutlierClock {
             // Someone else is judging this interval.
             Err(TryLockError::WouldBlock) => return,
         };
-        if since < self.next.load(Ordering::Acquire) {
+        let ended = self.next.load(Ordering::Acquire);
+        if since < ended {
             return;
         }
-        self.next.store(
-            since.saturating_add(nanos(self.policy.interval)),
-            Ordering::Release,
-        );
+        let interval = nanos(self.policy.interval);
+        self.next
+            .store(since.saturating_add(interval), Ordering::Release);
+        if since - ended >= interval {
+            // No call for a whole interval since this one ended: its counts are that old (hours,
+            // after a quiet night). They say nothing about the targets now; start afresh.
+            tracing::trace!(
+                idle_ms = (since - ended) / 1_000_000,
+                "outlier ejection: counts from before a quiet spell dropped, not judged"
+            );
+            for member in &group.members().list {
+                member.failures.store(0, Ordering::Relaxed);
+                member.successes.store(0, Ordering::Relaxed);
+            }
+            return;
+        }
         self.evaluate(group, now);
     }
 
@@ -128,7 +145,7 @@ impl OutlierClock {
             }
             if out >= allowed {
                 tracing::debug!(
-                    target = %member.card.target(),
+                    backend = %member.card.target(),
                     failures,
                     total,
                     allowed,

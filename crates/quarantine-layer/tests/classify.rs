@@ -152,16 +152,57 @@ async fn an_empty_code_set_never_quarantines_on_calls() {
 
 #[tokio::test(start_paused = true)]
 async fn an_abandoned_call_counts_neither_way() {
+    // Not as a failure: b0 has an eligible peer, so a failure would quarantine it.
     let group = group_with_peer(QuarantineConfig::default());
     let (card, mut svc, _) = endpoint(&group, "b0");
     // The response future dropped before the reply.
     tokio_test::assert_ready_ok!(svc.poll_ready());
     let gave_up = tokio::time::timeout(Duration::from_secs(1), svc.call(request("hang"))).await;
     assert!(gave_up.is_err());
-    // The body dropped before its trailers.
+    // The body dropped before its trailers (which would have said UNAVAILABLE).
     tokio_test::assert_ready_ok!(svc.poll_ready());
     let response = svc.call(request("trailers:14")).await.unwrap();
     drop(response);
+    assert!(!quarantined(&card), "an abandoned call is no failure");
+
+    // Nor as a success: b0 alone, quarantined, is admitted anyway (no peer is eligible), and a
+    // success of such a call lifts its quarantine — an abandoned one must not.
+    let group = QuarantineGroup::new(QuarantineConfig::default()).unwrap();
+    let (card, mut svc, _) = endpoint(&group, "b0");
+    call(&mut svc, "code:14").await.unwrap();
+    assert!(quarantined(&card));
+    tokio_test::assert_ready_ok!(svc.poll_ready(), "admitted: no peer is eligible");
+    let gave_up = tokio::time::timeout(Duration::from_secs(1), svc.call(request("hang"))).await;
+    assert!(gave_up.is_err());
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    let response = svc.call(request("ok")).await.unwrap();
+    drop(response); // before the trailers that would have said OK
+    assert!(quarantined(&card), "an abandoned call is no success");
+    // The same call read to its end is a success, and lifts the quarantine.
+    call(&mut svc, "ok").await.unwrap();
+    assert!(!quarantined(&card), "a success lifts it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proxy_s_html_page_is_a_failure_whatever_code_it_maps_to() {
+    // HTTP 200 with an HTML page maps to UNKNOWN (as gRPC's clients map it), a code the
+    // default set does not hold; but the target is not the gRPC service it was taken for: a
+    // failure under every set but none, whether or not the caller reads the page.
+    let group = group_with_peer(QuarantineConfig::default());
+    let (card, mut svc, _) = endpoint(&group, "b0");
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    drop(svc.call(request("html")).await.unwrap());
+    assert!(quarantined(&card));
+    let why = card.eligibility().unwrap_err().to_string();
+    assert!(
+        why.contains("after UNKNOWN") && why.contains("text/html"),
+        "{why}"
+    );
+    // A group that counts no code as failure does not count it either.
+    let group = group_with_peer(QuarantineConfig::default().failure_codes(FailureCodes::NONE));
+    let (card, mut svc, _) = endpoint(&group, "b0");
+    tokio_test::assert_ready_ok!(svc.poll_ready());
+    drop(svc.call(request("html")).await.unwrap());
     assert!(!quarantined(&card));
 }
 

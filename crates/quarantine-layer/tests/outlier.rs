@@ -204,3 +204,47 @@ async fn the_worst_goes_first_and_every_quarantined_host_counts_toward_the_share
     assert!(!quarantined(&cl.cards[7]) && !quarantined(&cl.cards[2]));
     assert_eq!(cl.ejected(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn counts_from_before_an_idle_spell_are_not_judged() {
+    let mut cl = cluster(3, policy());
+    cl.traffic(0, 10, 0).await;
+    cl.traffic(1, 0, 10).await;
+    cl.traffic(2, 0, 10).await;
+    // Two hours without a call; then traffic resumes. The failures are two hours old: they
+    // say nothing about h0 now.
+    tokio::time::advance(Duration::from_secs(2 * 3_600)).await;
+    cl.traffic(1, 0, 1).await;
+    assert_eq!(cl.ejected(), 0, "judged on counts two hours old");
+    // The interval that starts now is judged on its own calls.
+    cl.interval(&[(10, 0), (0, 10), (0, 10)]).await;
+    assert!(quarantined(&cl.cards[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interval_ending_while_idle_is_judged_when_traffic_resumes_within_the_next() {
+    // At most one interval late: the counts of [0 s, 10 s) are still judged at 15 s.
+    let mut cl = cluster(3, policy());
+    cl.traffic(0, 10, 0).await;
+    cl.traffic(1, 0, 10).await;
+    cl.traffic(2, 0, 10).await;
+    tokio::time::advance(Duration::from_secs(15)).await;
+    cl.traffic(1, 0, 1).await;
+    assert!(quarantined(&cl.cards[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_calls_do_not_dilute_the_failure_share() {
+    let mut cl = cluster(3, policy());
+    cl.traffic(0, 10, 0).await;
+    // 100 calls to h0 abandoned by their callers (the response future dropped).
+    for _ in 0..100 {
+        tokio_test::assert_ready_ok!(cl.svcs[0].poll_ready());
+        let mut call = tokio_test::task::spawn(cl.svcs[0].call(support::request("hang")));
+        tokio_test::assert_pending!(call.poll());
+    }
+    cl.traffic(1, 0, 10).await;
+    cl.traffic(2, 0, 10).await;
+    cl.end_interval(Duration::from_secs(10)).await;
+    assert!(quarantined(&cl.cards[0]), "10 of 10 judged calls failed");
+}

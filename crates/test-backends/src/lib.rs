@@ -49,15 +49,25 @@
 mod backend;
 pub mod bench;
 mod black_hole;
+mod client_stream;
 mod conn;
 pub mod fixture;
+mod freeze;
+mod html;
+mod mute;
 pub mod pb;
 mod ping_guard;
 mod service;
+mod syn_drop;
 pub mod synthetic;
 
 pub use backend::{Backend, Backends, Mode, ServerOptions};
 pub use black_hole::BlackHole;
+pub use client_stream::{UPLOAD_PATH, upload};
+pub use freeze::FreezeProxy;
+pub use html::{HTML_PAGE, HtmlServer};
+pub use mute::MuteServer;
 pub use ping_guard::{PingGuard, PingPolicy};
+pub use syn_drop::SynDrop;
 #[doc(no_inline)]
 pub use tonic_health::ServingStatus;

@@ -57,8 +57,8 @@ impl Strategy {
 ///
 /// A target is matched by its discovery key's `Display` form (for tonic-style discovery keyed
 /// by address, the address). A target missing from the weights counts `1.0`. Every weight must
-/// be finite and not negative, and at least one listed weight must be above zero: the
-/// balancer refuses to build otherwise, naming the target and the value. When every
+/// be finite and not negative, their total finite too, and at least one listed weight must be
+/// above zero: the balancer refuses to build otherwise, naming the target and the value. When every
 /// *eligible* target weighs zero, the choice is uniform among them.
 ///
 /// ```
@@ -140,6 +140,21 @@ impl Weights {
                     "a weight that is not negative",
                 ));
             }
+        }
+        let total: f64 = self.iter().map(|(_, w)| w).sum();
+        if total.is_infinite() {
+            let listed = self
+                .iter()
+                .map(|(t, w)| format!("{t} = {w:e}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(ConfigError::new(
+                CONFIG,
+                "weights",
+                listed,
+                "weights whose total is a finite number (these add up to infinity; a weight is \
+                 a share, and an unlisted target counts 1.0)",
+            ));
         }
         if !self.is_empty() && self.iter().all(|(_, w)| w == 0.0) {
             let listed = self
@@ -243,9 +258,11 @@ pub struct BalanceConfig {
     /// [`RequestDeadline`](crate::RequestDeadline)) or [`max_wait`](Self::max_wait),
     /// whichever is sooner.
     pub wait_for_ready: bool,
-    /// With [`wait_for_ready`](Self::wait_for_ready): the longest a call waits for an eligible
-    /// endpoint when its request carries no deadline, and a cap when it does. Default `None`:
-    /// only the request's deadline bounds the wait.
+    /// With [`wait_for_ready`](Self::wait_for_ready): a cap on how long a call waits for an
+    /// eligible endpoint. Default `None`: a call whose request carries a deadline waits up to
+    /// that deadline, as gRPC's wait-for-ready does, and a call without one waits up to
+    /// [`DEFAULT_MAX_WAIT`](Self::DEFAULT_MAX_WAIT) (20 s), so that no call waits forever.
+    /// `Some(d)`: no call waits longer than `d`, whatever its deadline.
     pub max_wait: Option<Duration>,
     /// How long a call waits while targets are *connecting* — no endpoint is eligible, and some
     /// endpoint's card has no health verdict yet ([`HealthVerdict::Unknown`]), or discovery has
@@ -280,6 +297,11 @@ impl Default for BalanceConfig {
 pub(crate) const DEFAULT_CONNECTING_WAIT: Duration = Duration::from_secs(5);
 
 impl BalanceConfig {
+    /// How long a wait-for-ready call whose request carries no deadline waits, when
+    /// [`max_wait`](Self::max_wait) is not set: 20 s, gRPC's minimum connect timeout — time for
+    /// a target to be reconnected and probed.
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(20);
+
     /// The defaults: round-robin; fail at once when nothing is eligible, except while targets
     /// are connecting (up to 5 s).
     pub fn new() -> Self {
@@ -343,10 +365,12 @@ impl BalanceConfig {
             }
             Strategy::RoundRobin | Strategy::Random | Strategy::LeastInFlight => {}
         }
-        if self.max_wait.is_some() && !self.wait_for_ready {
+        if let Some(wait) = self.max_wait
+            && !self.wait_for_ready
+        {
             tracing::warn!(
-                max_wait = ?self.max_wait,
-                "balance: max_wait is set but wait_for_ready is off; it has no effect"
+                max_wait = ?wait,
+                "max_wait is set but wait_for_ready is off; it has no effect"
             );
         }
         Ok(())

@@ -36,6 +36,10 @@ pub enum Reply {
     Hang,
     /// Headers and one message arrive, then the body never ends.
     HangBody,
+    /// A trailers-only response with this code and this (percent-encoded) message.
+    TrailersOnlyWith(Code, String),
+    /// Not gRPC at all: `200 OK` with an HTML page, as a proxy answers for a backend it lost.
+    Html,
 }
 
 /// The scripted "channel": replies come from a shared queue (`Reply::Ok` once it is empty);
@@ -80,6 +84,17 @@ fn reply(r: Reply) -> BoxFut {
             }
             Reply::Hang => std::future::pending().await,
             Reply::HangBody => Ok(Response::new(Body::messages(1).hang())),
+            Reply::TrailersOnlyWith(code, message) => {
+                Ok(synthetic::trailers_only(code, Some(&message)))
+            }
+            Reply::Html => {
+                let mut page = Response::new(Body::messages(1));
+                page.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/html"),
+                );
+                Ok(page)
+            }
         }
     })
 }

@@ -1,4 +1,5 @@
-//! The classifying response body: the status in the trailers, or the body's end without one.
+//! The classifying response body: the status in the trailers, or the body's end without one;
+//! and, dropped before either, whether what it carried could be decoded at all.
 
 use std::error::Error;
 use std::fmt;
@@ -8,6 +9,7 @@ use std::task::{Context, Poll, ready};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::frames::Frames;
 use super::outcome::{OnOutcome, Outcome, Reporter};
 use super::status::{CallStatus, OutcomeSource, missing_status};
 
@@ -15,10 +17,18 @@ pin_project! {
     /// A response body that reports the call's final status — from its trailers, a body error,
     /// or its end without a status — exactly once; dropped before that, it reports
     /// [`Outcome::Abandoned`]. With no listener it is a plain pass-through.
+    ///
+    /// While it listens it also reads the 5-byte prefix of each gRPC message that passes
+    /// (nothing is copied): data no client can decode (a compression flag other than 0 and 1,
+    /// a compressed message with no `grpc-encoding`) ends the call as a failure — `INTERNAL`,
+    /// as tonic's decoder reports it, [`OutcomeSource::Malformed`] — even when the client then
+    /// drops the body (as tonic does) rather than reading on. Data that is well formed and
+    /// dropped before its status is still abandoned: a caller may stop reading any time.
     pub struct ClassifiedBody<B, O: OnOutcome> {
         #[pin]
         pub(super) inner: B,
         pub(super) reporter: Reporter<O>,
+        pub(super) frames: Frames,
     }
 }
 
@@ -31,11 +41,17 @@ impl<B, O: OnOutcome> fmt::Debug for ClassifiedBody<B, O> {
 }
 
 impl<B, O: OnOutcome> ClassifiedBody<B, O> {
-    /// Wrap a body whose response headers carried no final status.
+    /// Wrap a body whose response headers carried no final status (and are not known here:
+    /// a compressed message is taken to have its `grpc-encoding`).
     pub fn new(inner: B, on_outcome: Option<O>) -> Self {
+        ClassifiedBody::with_frames(inner, Reporter::new(on_outcome), Frames::new(true))
+    }
+
+    pub(super) fn with_frames(inner: B, reporter: Reporter<O>, frames: Frames) -> Self {
         ClassifiedBody {
             inner,
-            reporter: Reporter(on_outcome),
+            reporter,
+            frames,
         }
     }
 
@@ -70,26 +86,38 @@ where
             return this.inner.poll_frame(cx);
         }
         let frame = ready!(this.inner.poll_frame(cx));
-        {
-            match &frame {
-                Some(Ok(f)) => {
-                    if let Some(trailers) = f.trailers_ref() {
-                        this.reporter.report(|| {
-                            Outcome::Completed(
-                                CallStatus::from_headers(trailers, OutcomeSource::Trailers)
-                                    .unwrap_or_else(missing_status),
-                            )
-                        });
+        // Once the data is known to be malformed, that is how the call ends — unless a status
+        // says it failed for a reason of its own.
+        let malformed = |status: CallStatus, reporter: &Reporter<O>| match reporter.drop_status() {
+            Some(bad)
+                if status.code == tonic::Code::Ok
+                    || status.source == OutcomeSource::MissingStatus =>
+            {
+                bad.clone()
+            }
+            _ => status,
+        };
+        match &frame {
+            Some(Ok(f)) => {
+                if let Some(data) = f.data_ref() {
+                    if let Err(why) = this.frames.feed(data) {
+                        this.reporter.on_drop(CallStatus::malformed(why));
                     }
+                } else if let Some(trailers) = f.trailers_ref() {
+                    let status = CallStatus::from_headers(trailers, OutcomeSource::Trailers)
+                        .unwrap_or_else(missing_status);
+                    let status = malformed(status, this.reporter);
+                    this.reporter.report(|| Outcome::Completed(status));
                 }
-                Some(Err(e)) => this.reporter.report(|| {
-                    let mut status = CallStatus::from_error(e);
-                    status.source = OutcomeSource::BodyError;
-                    Outcome::Completed(status)
-                }),
-                None => this
-                    .reporter
-                    .report(|| Outcome::Completed(missing_status())),
+            }
+            Some(Err(e)) => this.reporter.report(|| {
+                let mut status = CallStatus::from_error(e);
+                status.source = OutcomeSource::BodyError;
+                Outcome::Completed(status)
+            }),
+            None => {
+                let status = malformed(missing_status(), this.reporter);
+                this.reporter.report(|| Outcome::Completed(status));
             }
         }
         Poll::Ready(frame)

@@ -9,6 +9,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use super::body::ClassifiedBody;
+use super::frames::Frames;
 use super::outcome::{OnOutcome, Outcome, Reporter};
 use super::status::{CallStatus, OutcomeSource};
 use crate::error::BoxError;
@@ -16,6 +17,12 @@ use crate::error::BoxError;
 pin_project! {
     /// Wraps a service's response future: classifies an `Err` and the response headers, and
     /// hands the body to a [`ClassifiedBody`] when the status is still to come in the trailers.
+    ///
+    /// The headers decide when they carry `grpc-status` (a trailers-only response), an HTTP
+    /// status other than 200 (mapped as gRPC specifies), or a `content-type` that is not
+    /// gRPC's ([`OutcomeSource::NotGrpc`]: an HTML page from a proxy is a failure of its
+    /// target, `UNKNOWN` as gRPC's clients map a `200` that is not gRPC). A response with no
+    /// `content-type` at all is read on (tonic's client does not require one).
     ///
     /// Dropping it before it completes reports [`Outcome::Abandoned`].
     pub struct ResponseFuture<F, O: OnOutcome> {
@@ -39,7 +46,7 @@ impl<F, O: OnOutcome> ResponseFuture<F, O> {
     pub fn new(inner: F, on_outcome: Option<O>) -> Self {
         ResponseFuture {
             inner,
-            reporter: Some(Reporter(on_outcome)),
+            reporter: Some(Reporter::new(on_outcome)),
         }
     }
 }
@@ -66,22 +73,29 @@ where
                 Poll::Ready(Err(e))
             }
             Ok(response) => {
-                if reporter.is_listening() {
-                    let in_headers =
-                        CallStatus::from_headers(response.headers(), OutcomeSource::Headers)
-                            .or_else(|| {
-                                (response.status() != http::StatusCode::OK)
-                                    .then(|| CallStatus::from_http_status(response.status()))
-                            });
-                    if let Some(status) = in_headers {
-                        reporter.report(|| Outcome::Completed(status));
-                    }
+                if reporter.is_listening()
+                    && let Some(status) = judge_headers(&response)
+                {
+                    reporter.report(|| Outcome::Completed(status));
                 }
-                Poll::Ready(Ok(response.map(|body| ClassifiedBody {
-                    inner: body,
-                    reporter,
+                let compressed_ok = response
+                    .headers()
+                    .get(&GRPC_ENCODING)
+                    .is_some_and(|e| e.as_bytes() != b"identity");
+                Poll::Ready(Ok(response.map(|body| {
+                    ClassifiedBody::with_frames(body, reporter, Frames::new(compressed_ok))
                 })))
             }
         }
     }
+}
+
+/// `grpc-encoding`, as a ready header name.
+static GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
+/// The call's status when the response headers already say it: `grpc-status` (trailers-only),
+/// or a response that is not gRPC at all.
+fn judge_headers<B>(response: &Response<B>) -> Option<CallStatus> {
+    CallStatus::from_headers(response.headers(), OutcomeSource::Headers)
+        .or_else(|| CallStatus::of_non_grpc_response(response))
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use tonic::Code;
 
-use super::status::{CallStatus, code_name};
+use super::status::{CallStatus, OutcomeSource, code_name};
 use crate::error::BoxError;
 
 /// How a call ended.
@@ -161,9 +161,20 @@ impl FailureCodes {
     }
 
     /// What `outcome` means under this set.
+    ///
+    /// A reply that is not gRPC at all ([`OutcomeSource::NotGrpc`]: an HTML page where a
+    /// gRPC server should be) or not decodable ([`OutcomeSource::Malformed`]) is a failure of
+    /// the target whatever code gRPC maps it to, under every set but
+    /// [`NONE`](Self::NONE): the target is not the service it was taken for.
     pub fn classify(self, outcome: &Outcome) -> Verdict {
         match outcome {
             Outcome::Abandoned | Outcome::NotProcessed(_) => Verdict::Ignored,
+            Outcome::Completed(s)
+                if matches!(s.source, OutcomeSource::NotGrpc | OutcomeSource::Malformed)
+                    && self != FailureCodes::NONE =>
+            {
+                Verdict::Failure
+            }
             Outcome::Completed(s) if self.contains(s.code) => Verdict::Failure,
             Outcome::Completed(_) => Verdict::Success,
         }
@@ -197,32 +208,57 @@ where
     }
 }
 
-/// Holds the listener until the outcome is known; reports `Abandoned` if dropped first.
-pub(crate) struct Reporter<O: OnOutcome>(pub(crate) Option<O>);
+/// Holds the listener until the outcome is known; reports `Abandoned` if dropped first (or the
+/// status set by [`on_drop`](Self::on_drop), when what was seen already says how the call
+/// ends).
+pub(crate) struct Reporter<O: OnOutcome> {
+    listener: Option<O>,
+    dropped: Option<CallStatus>,
+}
 
 impl<O: OnOutcome> Reporter<O> {
+    pub(crate) fn new(listener: Option<O>) -> Self {
+        Reporter {
+            listener,
+            dropped: None,
+        }
+    }
+
     pub(crate) fn report(&mut self, outcome: impl FnOnce() -> Outcome) {
-        if let Some(o) = self.0.take() {
+        if let Some(o) = self.listener.take() {
             o.on_outcome(outcome());
         }
     }
 
     pub(crate) fn is_listening(&self) -> bool {
-        self.0.is_some()
+        self.listener.is_some()
+    }
+
+    /// Dropped before the outcome is known, the call ends with `status`, not abandoned.
+    pub(crate) fn on_drop(&mut self, status: CallStatus) {
+        self.dropped = Some(status);
+    }
+
+    /// The status set by [`on_drop`](Self::on_drop), if any.
+    pub(crate) fn drop_status(&self) -> Option<&CallStatus> {
+        self.dropped.as_ref()
     }
 }
 
 impl<O: OnOutcome> Drop for Reporter<O> {
     fn drop(&mut self) {
-        if let Some(o) = self.0.take() {
-            o.on_outcome(Outcome::Abandoned);
+        if let Some(o) = self.listener.take() {
+            o.on_outcome(match self.dropped.take() {
+                Some(status) => Outcome::Completed(status),
+                None => Outcome::Abandoned,
+            });
         }
     }
 }
 
 impl<O: OnOutcome> fmt::Debug for Reporter<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.listener.is_some() {
             "Reporter(listening)"
         } else {
             "Reporter(done)"

@@ -13,7 +13,9 @@ use serde::{Deserialize, de};
 
 use crate::builder::KitBuilder;
 use crate::dns::DnsSettings;
-use crate::error::{BuildError, CONFIG};
+use crate::error::BuildError;
+#[cfg(feature = "toml")]
+use crate::error::CONFIG;
 use crate::kit::Kit;
 use crate::template::EndpointSettings;
 use claim::{Claim, Switched};
@@ -30,8 +32,8 @@ use claim::{Claim, Switched};
 ///   `enabled = false` turns that layer off;
 /// * the balancer's settings — `strategy`, `[weights]`, `[peak_ewma]`, `wait_for_ready`,
 ///   `max_wait`, `connecting_wait`, `seed` — stand at the top level, a [`BalanceConfig`];
-/// * `[endpoint]` ([`EndpointSettings`]), `[dns]` ([`DnsSettings`]) and `transparent_retry`
-///   are the kit's own.
+/// * `[endpoint]` ([`EndpointSettings`]), `[dns]` ([`DnsSettings`]), `transparent_retry` and
+///   `name` (in spans and metrics, see [`KitBuilder::name`]) are the kit's own.
 ///
 /// ```
 /// # #[cfg(feature = "toml")] {
@@ -91,6 +93,8 @@ pub struct KitConfig {
     pub transparent_retry: Option<bool>,
     /// How a `dns:` target is re-resolved.
     pub dns: DnsSettings,
+    /// The kit's name in its spans and metrics (see [`KitBuilder::name`]).
+    pub name: Option<String>,
 }
 
 /// The top-level keys that are the kit's own (every other one is the balancer's).
@@ -103,6 +107,7 @@ const OWN: &[&str] = &[
     "breaker",
     "transparent_retry",
     "dns",
+    "name",
 ];
 
 impl<'de> Deserialize<'de> for KitConfig {
@@ -138,6 +143,7 @@ impl<'de> Visitor<'de> for KitVisitor {
                 "breaker" => config.breaker = map.next_value::<Switched<_>>()?.0,
                 "transparent_retry" => config.transparent_retry = Some(map.next_value()?),
                 "dns" => config.dns = map.next_value()?,
+                "name" => config.name = Some(map.next_value()?),
                 other => return Err(de::Error::unknown_field(other, OWN)),
             }
             Ok(())
@@ -211,6 +217,9 @@ impl KitConfig {
         b = b.balance(self.balance.clone());
         if let Some(retry) = self.transparent_retry {
             b = b.transparent_retry(retry);
+        }
+        if let Some(name) = &self.name {
+            b = b.name(name.clone());
         }
         Ok(b.dns(self.dns.clone()))
     }

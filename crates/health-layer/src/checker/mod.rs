@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use endpoint_state::sync::lock;
+use endpoint_state::time::after;
 use endpoint_state::{CardEvent, EndpointCard, HealthVerdict};
 use tokio::sync::broadcast;
-use tokio::time::Instant;
 
 use crate::config::HealthConfig;
 use crate::error::{
@@ -194,7 +194,7 @@ impl HealthChecker {
         if let Lifecycle::Running(rt) = &*lifecycle {
             shared.spawn(rt, &entry);
         }
-        tracing::debug!(target = %entry.name, "health check target added");
+        tracing::debug!(backend = %entry.name, "health check target added");
         Ok(entry.card.clone())
     }
 
@@ -228,7 +228,7 @@ impl HealthChecker {
         let evidence = match result {
             Err(e) if !shared.unimplemented_passes(&e) => {
                 entry.link.close();
-                tracing::info!(target = %entry.name, error = %e.reason(), "health check target refused");
+                tracing::info!(backend = %entry.name, error = %e.reason(), "health check target refused");
                 return Err(refuse(&entry.name, RefusedBecause::Probe(e)));
             }
             other => shared.judge(&entry, other),
@@ -264,7 +264,7 @@ impl HealthChecker {
             Some(entry) => {
                 entry.close();
                 shared.progress.notify_waiters();
-                tracing::debug!(target = %entry.name, "health check target removed");
+                tracing::debug!(backend = %entry.name, "health check target removed");
                 true
             }
             None => false,
@@ -322,9 +322,9 @@ impl HealthChecker {
         };
         let flag = &shared.warned[cause as usize];
         if !flag.swap(true, Ordering::AcqRel) {
-            tracing::warn!(target = %target, %error, "health asked of a target no checker will ever probe");
+            tracing::warn!(backend = %target, %error, "health asked of a target no checker will ever probe");
         } else {
-            tracing::debug!(target = %target, %error, "health asked of a target no checker will ever probe");
+            tracing::debug!(backend = %target, %error, "health asked of a target no checker will ever probe");
         }
         Err(error)
     }
@@ -344,7 +344,8 @@ impl HealthChecker {
     /// when `timeout` passes first or when the checker is not running.
     pub async fn wait_until_ready(&self, timeout: Duration) -> bool {
         let shared = self.shared();
-        let deadline = Instant::now() + timeout;
+        // Saturating: `Duration::MAX` waits as long as anything can.
+        let deadline = after(timeout);
         loop {
             let notified = shared.progress.notified();
             let mut notified = std::pin::pin!(notified);

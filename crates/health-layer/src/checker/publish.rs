@@ -2,7 +2,6 @@
 //! health line is its one owner), scheduling the next check, and telling the subscribers and
 //! callbacks of a transition.
 
-use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,7 +9,7 @@ use std::time::SystemTime;
 
 use endpoint_state::sync::lock;
 use endpoint_state::time::after;
-use endpoint_state::{CardEvent, HealthVerdict, LineState, rng};
+use endpoint_state::{CardEvent, HealthVerdict, LineState, rng, text};
 use tokio::time::Instant;
 use tonic::Code;
 
@@ -26,10 +25,12 @@ pub(super) enum Evidence {
 }
 
 impl Evidence {
-    /// A probe failure's evidence against the target.
+    /// A probe failure's evidence against the target. The reason quotes the server (a status
+    /// message, an HTTP body) and is kept bounded, like every reason on a card
+    /// ([`text::MAX_REASON`] characters).
     pub(super) fn against(error: &ProbeError) -> Self {
         Evidence::Unhealthy {
-            reason: error.reason().into(),
+            reason: text::reason(&error.reason()),
         }
     }
 }
@@ -47,7 +48,7 @@ impl Shared {
             Err(e) if self.unimplemented_passes(&e) => {
                 if !entry.unimplemented_logged.swap(true, Ordering::AcqRel) {
                     tracing::warn!(
-                        target = %entry.name,
+                        backend = %entry.name,
                         service = %entry.link.service(),
                         "the server has no grpc.health.v1 health service (UNIMPLEMENTED): \
                          counted as healthy, as gRPC's client health checking does (gRFC A17); \
@@ -107,10 +108,10 @@ impl Shared {
         if let Some(t) = transition {
             match t.to {
                 LineState::Health(HealthVerdict::Healthy) => {
-                    tracing::info!(target = %t.target, from = %t.from, "target healthy")
+                    tracing::info!(backend = %t.target, from = %t.from, "target healthy")
                 }
                 _ => tracing::info!(
-                    target = %t.target,
+                    backend = %t.target,
                     from = %t.from,
                     reason = t.reason.as_deref().unwrap_or(""),
                     "target unhealthy"
@@ -137,22 +138,12 @@ impl Shared {
         let callbacks = lock(&self.callbacks).clone();
         for callback in callbacks {
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| callback(t))) {
-                let message = panic_message(&*payload);
-                tracing::error!(target = %t.target, panic = %message, "health transition callback panicked");
+                let message = crate::probe::panic_message(&*payload);
+                tracing::error!(backend = %t.target, panic = %message, "health transition callback panicked");
                 if self.config.fail_fast_callbacks {
                     lock(&self.panic).get_or_insert(payload);
                 }
             }
         }
-    }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
     }
 }

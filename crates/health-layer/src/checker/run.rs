@@ -54,7 +54,7 @@ impl Shared {
 
     /// The wait before the `attempt`-th consecutive re-subscription (from 0).
     fn watch_delay(&self, attempt: u32) -> Duration {
-        self.config.watch_backoff.delay(attempt, rng::unit())
+        self.config.watch_retry().delay(attempt, rng::unit())
     }
 
     pub(super) fn spawn(self: &Arc<Self>, runtime: &tokio::runtime::Handle, entry: &Arc<Entry>) {
@@ -131,7 +131,7 @@ impl Shared {
     /// re-subscribe at once keeping the verdict; when a subscription fails, publish the
     /// evidence and retry after the backoff.
     async fn watch_loop(self: Arc<Self>, entry: Arc<Entry>) {
-        let initial = self.config.watch_backoff.initial;
+        let initial = self.config.watch_retry().initial;
         // Consecutive re-subscriptions without a message in between.
         let mut attempt: u32 = 0;
         // When the last immediate re-subscription was made.
@@ -139,7 +139,7 @@ impl Shared {
         loop {
             let end = self.watch_stream(&entry, &mut attempt).await;
             let error = end.error();
-            tracing::debug!(target = %entry.name, error = %error.reason(), attempt, "health watch stream ended");
+            tracing::debug!(backend = %entry.name, error = %error.reason(), attempt, "health watch stream ended");
             let unimplemented = error.code() == Some(Code::Unimplemented);
             let keep = matches!(end, WatchEnd::Failed(_))
                 && unimplemented
@@ -178,7 +178,7 @@ impl Shared {
                     // UNIMPLEMENTED; we retry only at the longest backoff, so that a server that
                     // gains the health service is watched again eventually.
                     let delay = if unimplemented {
-                        self.config.watch_backoff.max
+                        self.config.watch_retry().max
                     } else {
                         self.watch_delay(attempt)
                     };

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use endpoint_state::time::FAR;
 use endpoint_state::{Backoff, BoxError, ConfigError};
 use tonic::transport::{Channel, Endpoint};
 
@@ -88,12 +89,15 @@ pub(crate) type EndpointTemplate =
 /// | [`jitter`](Self::jitter) | 0 (no spread) |
 /// | [`service`](Self::service) | `""` (the whole server) |
 /// | [`unimplemented_is_healthy`](Self::unimplemented_is_healthy) | `true` (gRFC A17) |
-/// | [`probe_keepalive`](Self::probe_keepalive) | `None`: the endpoint template's own |
+/// | [`probe_keepalive`](Self::probe_keepalive) | `None`: the endpoint template's own (at least 1 s when set) |
 /// | [`max_concurrent_probes`](Self::max_concurrent_probes) | 100 |
 /// | [`watch_backoff`](Self::watch_backoff) | 1 s × 1.6, jitter 0.2, max 120 s |
 /// | [`events_capacity`](Self::events_capacity) | 1024 transitions per subscriber |
 /// | [`fail_fast_callbacks`](Self::fail_fast_callbacks) | `false` |
 /// | [`endpoint_template`](Self::endpoint_template) | `Endpoint::from_shared(target)` |
+///
+/// A duration beyond any clock (`Duration::MAX` for the timeout, the interval, a backoff's
+/// waits, the keepalive) is as long as anything waits: never a panic.
 ///
 /// With the `serde` feature it deserializes from a document with the setters' names, durations
 /// in humantime form (`"30s"`, `"1m 30s"`, `"250ms"`); every field is optional (a missing one
@@ -282,7 +286,8 @@ impl HealthConfig {
 
     /// An HTTP/2 keepalive for probe connections only, applied over the endpoint template's
     /// own settings. Default `None`: probe connections keep whatever the template says (tonic's
-    /// default: no keepalive pings), which every server accepts.
+    /// default: no keepalive pings), which every server accepts. At least 1 s (a build error
+    /// otherwise); a value beyond any timer (`Duration::MAX`) means no ping in practice.
     ///
     /// gRPC servers (C-core, grpc-go, grpc-java) by default allow a ping without data only
     /// every 5 minutes, and answer more with `GOAWAY ENHANCE_YOUR_CALM "too_many_pings"`.
@@ -376,12 +381,13 @@ impl HealthConfig {
             ));
         }
         if let Some(keepalive) = self.probe_keepalive
-            && keepalive.is_zero()
+            && keepalive < MIN_KEEPALIVE
         {
             return Err(invalid(
                 "probe_keepalive",
                 keepalive,
-                "more than zero (or None: no keepalive of the checker's own)",
+                "at least 1 s (or None: no keepalive of the checker's own); servers answer \
+                 pings more often than every 5 minutes with GOAWAY too_many_pings",
             ));
         }
         if !(self.jitter.is_finite() && (0.0..1.0).contains(&self.jitter)) {
@@ -415,7 +421,29 @@ impl HealthConfig {
     /// success) the next check waits `delay(n − 1)` (saturating): `interval × 2^(n−1)`, at most
     /// `max_backoff`, spread by ± `jitter`.
     pub(crate) fn check_backoff(&self) -> Backoff {
-        Backoff::new(self.interval, 2.0, self.max_backoff, self.jitter)
+        within_clock(Backoff::new(
+            self.interval,
+            2.0,
+            self.max_backoff,
+            self.jitter,
+        ))
+    }
+
+    /// How a broken `Watch` stream re-subscribes ([`watch_backoff`](Self::watch_backoff)), its
+    /// durations within what a clock holds.
+    pub(crate) fn watch_retry(&self) -> Backoff {
+        within_clock(self.watch_backoff)
+    }
+}
+
+/// `backoff` with every duration at most [`FAR`]: a wait beyond any timer is as long as
+/// anything waits, and the arithmetic on it stays finite (`Duration::MAX` overflows a
+/// multiplication by a jitter factor).
+fn within_clock(backoff: Backoff) -> Backoff {
+    Backoff {
+        initial: backoff.initial.min(FAR),
+        max: backoff.max.min(FAR),
+        ..backoff
     }
 }
 
@@ -427,6 +455,10 @@ const CONFIG: &str = "health check";
 fn invalid(field: &'static str, value: impl fmt::Debug, expected: &'static str) -> ConfigError {
     ConfigError::new(CONFIG, field, format!("{value:?}"), expected)
 }
+
+/// The shortest HTTP/2 keepalive interval accepted: below a second a ping is no longer a
+/// liveness check but load (and every gRPC server refuses it long before).
+pub(crate) const MIN_KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// tokio's semaphore and broadcast channel limits, rounded down.
 const MAX_PERMITS: usize = 1 << 29;

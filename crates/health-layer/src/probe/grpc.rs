@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use endpoint_state::error::error_chain as chain;
-use endpoint_state::time::{Secs, after};
+use endpoint_state::time::{FAR, Secs, after};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -80,7 +80,9 @@ pub async fn check_with(
     timeout: Duration,
 ) -> Result<ServingStatus, ProbeError> {
     let service: Arc<str> = request.get_ref().service.as_str().into();
-    request.set_timeout(timeout);
+    // tonic refuses (panics on) a deadline it cannot write in `grpc-timeout`'s 8 digits of
+    // hours: one beyond any timer is no deadline in practice.
+    request.set_timeout(timeout.min(FAR));
     let answer = tokio::time::timeout(timeout, client.check(request)).await;
     let rpc_error = |status: Status| {
         ProbeError::new(

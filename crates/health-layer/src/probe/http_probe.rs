@@ -1,6 +1,7 @@
 //! The HTTP probe: GET one URL on the target, judge the status and the body.
 
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,13 +10,13 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use endpoint_state::ConfigError;
 use endpoint_state::error::error_chain as chain;
-use endpoint_state::time::Secs;
+use endpoint_state::time::{Secs, after};
 
 use super::error::{ProbeError, ProbeFailure};
+use super::panic_message;
 
 /// What an HTTP probe's predicate sees.
 #[derive(Debug)]
@@ -101,7 +102,8 @@ impl HttpProbe {
     }
 
     /// Judge answers with `f` instead (it replaces the status and JSON checks): `Ok(())` is
-    /// healthy, `Err(reason)` unhealthy with that reason.
+    /// healthy, `Err(reason)` unhealthy with that reason. A predicate that panics makes the
+    /// probe fail (the panic is caught and logged); the target keeps being probed.
     pub fn predicate<F>(mut self, f: F) -> Self
     where
         F: Fn(&HttpAnswer<'_>) -> Result<(), String> + Send + Sync + 'static,
@@ -154,9 +156,15 @@ impl HttpProbe {
             .map_err(|e| e.to_string())
     }
 
-    fn judge(&self, answer: &HttpAnswer<'_>) -> Result<(), String> {
+    fn judge(&self, target: &str, answer: &HttpAnswer<'_>) -> Result<(), String> {
         if let Some(predicate) = &self.predicate {
-            return predicate(answer);
+            // A predicate that panics judges nothing: a failed probe, logged; the target keeps
+            // being probed.
+            return catch_unwind(AssertUnwindSafe(|| predicate(answer))).unwrap_or_else(|payload| {
+                let message = panic_message(&*payload);
+                tracing::error!(backend = %target, panic = %message, "HTTP probe predicate panicked: counted as a failed probe");
+                Err(format!("the predicate panicked: {message}"))
+            });
         }
         if !self.accept.contains(&answer.status.as_u16()) {
             return Err(format!(
@@ -191,7 +199,7 @@ impl HttpProbe {
         base: &Uri,
         limit: Duration,
     ) -> Result<(), ProbeError> {
-        let deadline = Instant::now() + limit;
+        let deadline = after(limit);
         let url = self
             .url_for(base)
             .map_err(|reason| http_failure(target, base.to_string(), None, reason))?;
@@ -199,7 +207,13 @@ impl HttpProbe {
         let authority = url.authority().expect("built with one").clone();
         let port = authority.port_u16().unwrap_or(80);
 
-        let connect = TcpStream::connect((authority.host(), port));
+        // An IPv6 literal is written in brackets in a URI (`[::1]`), not in an address lookup.
+        let host = authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let connect = TcpStream::connect((host, port));
         let stream = match tokio::time::timeout_at(deadline, connect).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
@@ -269,7 +283,7 @@ impl HttpProbe {
                     headers: &headers,
                     body: &body,
                 };
-                self.judge(&answer)
+                self.judge(target, &answer)
                     .map_err(|reason| http_failure(target, url_text, Some(status), reason))
             }
         }
@@ -299,12 +313,7 @@ fn http_failure(
 
 /// The first characters of a body, for an error message.
 fn snippet(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let mut out: String = text.chars().take(60).collect();
-    if text.chars().count() > 60 {
-        out.push('…');
-    }
-    out
+    endpoint_state::text::clip(&String::from_utf8_lossy(body), 60).into_owned()
 }
 
 /// Runs `work` while driving `conn` (the HTTP/1 connection): an error of the connection ends

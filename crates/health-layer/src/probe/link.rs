@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use endpoint_state::BoxError;
 use endpoint_state::sync::lock;
-use endpoint_state::time::Secs;
+use endpoint_state::time::{FAR, Secs};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
@@ -162,7 +162,8 @@ impl ProbeLink {
             .clone()
             .expect("gRPC probe modes always resolve an endpoint");
         if let Some(interval) = self.keepalive() {
-            endpoint = endpoint.http2_keep_alive_interval(interval);
+            // hyper adds the interval to an instant: keep it within what a clock can hold.
+            endpoint = endpoint.http2_keep_alive_interval(interval.min(FAR));
         }
         let Some(connector) = dial.connector else {
             return connect_until(
@@ -208,7 +209,7 @@ impl ProbeLink {
                     return Ok(());
                 }
                 Err(e) if e.connection_ended() => {
-                    tracing::debug!(target = %self.target, error = %e.reason(), "health probe connection ended; checking on a new one");
+                    tracing::debug!(backend = %self.target, error = %e.reason(), "health probe connection ended; checking on a new one");
                     self.connection_done(&e);
                     self.connect(dial, deadline).await?
                 }
@@ -267,7 +268,7 @@ impl ProbeLink {
         let conn = lock(&self.conn).take();
         let goaway = conn.as_ref().and_then(ProbeConn::take_goaway);
         if let Some(goaway) = &goaway {
-            tracing::debug!(target = %self.target, %goaway, "health probe connection closed by the server");
+            tracing::debug!(backend = %self.target, %goaway, "health probe connection closed by the server");
         }
         if error.is_too_many_pings() || goaway.is_some_and(|g| g.is_too_many_pings()) {
             self.slow_pings();
@@ -280,7 +281,7 @@ impl ProbeLink {
     fn after_check(&self) {
         let goaway = lock(&self.conn).as_ref().and_then(ProbeConn::take_goaway);
         if let Some(goaway) = goaway {
-            tracing::debug!(target = %self.target, %goaway, "health probe connection closed by the server");
+            tracing::debug!(backend = %self.target, %goaway, "health probe connection closed by the server");
             if goaway.is_too_many_pings() {
                 self.slow_pings();
                 self.close();
@@ -294,12 +295,12 @@ impl ProbeLink {
     fn slow_pings(&self) {
         let mut keepalive = lock(&self.keepalive);
         let next = match *keepalive {
-            Some(interval) => interval.saturating_mul(2),
+            Some(interval) => interval.saturating_mul(2).min(FAR),
             None => SERVER_PING_FLOOR,
         };
         *keepalive = Some(next);
         tracing::warn!(
-            target = %self.target,
+            backend = %self.target,
             keepalive = ?next,
             "health probe connection closed by the server: GOAWAY too_many_pings; its new \
              connections ping at most every {} (gRFC A8)",

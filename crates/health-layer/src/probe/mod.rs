@@ -23,10 +23,13 @@
 //! # }
 //! ```
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use endpoint_state::BoxError;
@@ -55,7 +58,8 @@ pub type ProbeFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send 
 ///
 /// The checker bounds it by the probe timeout ([`ProbeFailure::TimedOut`]). An error that is a
 /// [`ProbeError`] is kept as it is (so a custom probe may call [`check_on`]); any other error
-/// becomes [`ProbeFailure::Custom`].
+/// becomes [`ProbeFailure::Custom`]. A probe that panics is a failed probe too (the panic is
+/// caught and logged, its message kept as the reason), and its target keeps being probed.
 ///
 /// ```
 /// use health_layer::probe::CustomProbe;
@@ -93,20 +97,66 @@ impl fmt::Debug for CustomProbe {
 }
 
 /// Runs a custom probe with a time limit, turning its error into a [`ProbeError`].
+///
+/// A probe that panics — while it is made or while it runs — is a failed probe: the panic is
+/// caught, logged at `error` and kept as the reason (`the custom probe panicked: ...`), and the
+/// target keeps being probed on its schedule.
 pub(crate) async fn run_custom(
     probe: &CustomProbe,
     target: &Arc<str>,
     limit: Duration,
 ) -> Result<(), ProbeError> {
-    match tokio::time::timeout(limit, probe.call(target.clone())).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(match e.downcast::<ProbeError>() {
+    let made = catch_unwind(AssertUnwindSafe(|| probe.call(target.clone())));
+    let result = match made {
+        Ok(future) => tokio::time::timeout(limit, CatchPanic { inner: future }).await,
+        Err(payload) => Ok(Err(payload)),
+    };
+    match result {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(match e.downcast::<ProbeError>() {
             Ok(probe_error) => *probe_error,
             Err(other) => ProbeError::new(target.clone(), ProbeFailure::Custom(other)),
         }),
+        Ok(Err(payload)) => {
+            let message = panic_message(&*payload);
+            tracing::error!(backend = %target, panic = %message, "custom health probe panicked: counted as a failed probe");
+            Err(ProbeError::new(
+                target.clone(),
+                ProbeFailure::Custom(format!("the custom probe panicked: {message}").into()),
+            ))
+        }
         Err(_) => Err(ProbeError::new(
             target.clone(),
             ProbeFailure::TimedOut { after: limit },
         )),
+    }
+}
+
+/// A future whose panic is caught and returned as its payload.
+struct CatchPanic<F> {
+    inner: F,
+}
+
+impl<F: Future + Unpin> Future for CatchPanic<F> {
+    type Output = Result<F::Output, Box<dyn Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.inner;
+        match catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Err(payload) => Poll::Ready(Err(payload)),
+        }
+    }
+}
+
+/// The text of a panic's payload (a `&str` or a `String`; anything else is named as such).
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
     }
 }

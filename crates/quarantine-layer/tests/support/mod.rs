@@ -26,7 +26,8 @@ pub type Req = http::Request<()>;
 /// * `code:N` — a trailers-only response with `grpc-status: N`;
 /// * `trailers:N` — a data frame, then `grpc-status: N` in the trailers;
 /// * `refused` — a service error: connection refused;
-/// * `hang` — never answers.
+/// * `hang` — never answers;
+/// * `html` — not gRPC: `200 OK` with `content-type: text/html`, as a proxy answers.
 #[derive(Clone, Debug, Default)]
 pub struct Scripted {
     pub calls: Arc<AtomicUsize>,
@@ -69,6 +70,14 @@ impl Service<Req> for Scripted {
             }
             if script == "hang" {
                 std::future::pending::<()>().await;
+            }
+            if script == "html" {
+                let mut page = http::Response::new(ReplyBody::messages(1));
+                page.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/html"),
+                );
+                return Ok(page);
             }
             if let Some(n) = script.strip_prefix("code:") {
                 return Ok(synthetic::trailers_only(code(n), message(code(n))));

@@ -1,0 +1,198 @@
+//! The connector of every target's channel: tonic's own TCP connector, built from the target's
+//! endpoint settings, whose connections also note whether the server has sent anything yet.
+//!
+//! A server that stops gracefully may leave connections in its accept queue and reset them as
+//! it exits (tonic does): a call sent on such a connection fails with a plain
+//! `connection reset`, which says nothing of whether the server saw the call. But an HTTP/2
+//! server sends its preface before it reads a request, so a connection that fails before the
+//! server sent a single byte carried no call any server code saw. Such a connection fails
+//! with [`CLOSED_BEFORE_SERVER_SPOKE`], which the kit's transparent retry reads
+//! ([`closed_before_server_spoke`](endpoint_state::transport::closed_before_server_spoke)): the
+//! call goes to another target instead of failing.
+//!
+//! The connector honours every setting of the endpoint that tonic lets anyone read (TCP
+//! nodelay, TCP keepalive and its interval and retries, the connect timeout; TLS and every
+//! HTTP/2 setting are applied by tonic itself, as for any channel). tonic offers no way to read
+//! an endpoint's local address, so an endpoint made by a template *function* (which may set
+//! one) is connected by tonic's own connector instead, without this detection.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use endpoint_state::transport::CLOSED_BEFORE_SERVER_SPOKE;
+use http::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+use tower_service::Service;
+
+/// A lazily connected channel to `endpoint`, through [`Connector`].
+pub(crate) fn channel(endpoint: &Endpoint) -> Channel {
+    endpoint.connect_with_connector_lazy(Connector::for_endpoint(endpoint))
+}
+
+/// tonic's TCP connector with the endpoint's settings; its connections are [`Watched`].
+#[derive(Clone, Debug)]
+pub(crate) struct Connector {
+    http: HttpConnector,
+}
+
+impl Connector {
+    pub(crate) fn for_endpoint(endpoint: &Endpoint) -> Self {
+        let mut http = HttpConnector::new();
+        // https URIs too: tonic puts TLS on top of this connection.
+        http.enforce_http(false);
+        http.set_nodelay(endpoint.get_tcp_nodelay());
+        http.set_keepalive(endpoint.get_tcp_keepalive());
+        http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
+        http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
+        http.set_connect_timeout(endpoint.get_connect_timeout());
+        Connector { http }
+    }
+}
+
+type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<Watched>, io::Error>> + Send>>;
+
+impl Service<Uri> for Connector {
+    type Response = TokioIo<Watched>;
+    type Error = io::Error;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        self.http.poll_ready(cx).map_err(io::Error::other)
+    }
+
+    fn call(&mut self, uri: Uri) -> Connecting {
+        let connecting = self.http.call(uri);
+        Box::pin(async move {
+            let stream = connecting.await.map_err(into_io)?.into_inner();
+            Ok(TokioIo::new(Watched::new(stream)))
+        })
+    }
+}
+
+/// hyper-util's connect error as an I/O error of the same kind (a refused connection stays
+/// `ConnectionRefused`, which the kit reads as a call never sent), keeping it as the source.
+fn into_io<E>(error: E) -> io::Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let kind = error
+        .source()
+        .and_then(|e| e.downcast_ref::<io::Error>())
+        .map_or(io::ErrorKind::Other, io::Error::kind);
+    io::Error::new(kind, error)
+}
+
+/// A connection that notes whether the server has sent anything yet; until it has, an error
+/// or the end of the stream is reported as [`CLOSED_BEFORE_SERVER_SPOKE`].
+///
+/// Only a *read* error reaches every stream of an HTTP/2 connection with its words (h2 gives a
+/// write error's streams a generic broken pipe), so a write that fails before the server spoke
+/// is taken as written and the failure kept for the next read, which reports it: the
+/// connection is dead either way, and the words reach every call on it.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    stream: TcpStream,
+    heard: bool,
+    /// A write failed before the server spoke: the next read reports it.
+    failed: bool,
+}
+
+impl Watched {
+    fn new(stream: TcpStream) -> Self {
+        Watched {
+            stream,
+            heard: false,
+            failed: false,
+        }
+    }
+
+    fn silent() -> io::Error {
+        io::Error::new(io::ErrorKind::ConnectionReset, CLOSED_BEFORE_SERVER_SPOKE)
+    }
+
+    /// A write's result: an error before the server spoke is kept for the next read.
+    fn wrote<T>(&mut self, result: Poll<io::Result<T>>, written: T) -> Poll<io::Result<T>> {
+        match result {
+            Poll::Ready(Err(_)) if !self.heard => {
+                self.failed = true;
+                Poll::Ready(Ok(written))
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Err(Self::silent()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.heard = true;
+                } else if !self.heard && buf.remaining() > 0 {
+                    // The end of the stream before a single byte.
+                    return Poll::Ready(Err(Self::silent()));
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(_)) if !self.heard => Poll::Ready(Err(Self::silent())),
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.failed {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(result, buf.len())
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        if self.failed {
+            return Poll::Ready(Ok(len));
+        }
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(result, len)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.failed {
+            return Poll::Ready(Ok(()));
+        }
+        let result = Pin::new(&mut self.stream).poll_flush(cx);
+        self.wrote(result, ())
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
