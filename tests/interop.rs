@@ -13,6 +13,8 @@ mod controls;
 mod matrix;
 #[path = "interop/production.rs"]
 mod production;
+#[path = "interop/service_config.rs"]
+mod service_config;
 #[path = "interop/support/mod.rs"]
 mod support;
 
@@ -55,6 +57,13 @@ macro_rules! interop_tests {
             #[ignore = "needs the interop servers: run .ci/interop-setup (or .ci/run)"]
             async fn production_settings() {
                 crate::production::production_settings_are_live($imp).await;
+            }
+
+            /// The kit configured only by a gRPC service config.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[$ignore])?
+            async fn service_config() {
+                crate::service_config::configured_by_service_config($imp).await;
             }
 
             kit_tests!(watch_defaults, $imp, Watch, Defaults, [$($ignore)?]);

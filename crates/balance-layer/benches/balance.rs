@@ -4,8 +4,9 @@
 //! `cargo bench -p balance-layer --bench balance`
 //!
 //! * `pick_call/single/*`: one caller, no-op endpoints (always ready, answer at once), polled
-//!   by hand: the cost of the balancer itself. Ours is shown with round-robin (the default)
-//!   and least-in-flight (the strategy comparable to p2c); tower's p2c over the same
+//!   by hand: the cost of the balancer itself. Ours is shown with round-robin (the default),
+//!   least-in-flight (the strategy comparable to p2c), pick-first, and ring hash (requests
+//!   without a hash: a random point, a binary search of the ring); tower's p2c over the same
 //!   endpoints, each counted by `PendingRequests` (its load metric).
 //! * `pick_call/concurrent/*`: 4 tasks on a 2-worker runtime share one balancer: clones of
 //!   ours, clones of a `Buffer` in front of tower's p2c (which is not `Clone`).
@@ -18,7 +19,9 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use balance_layer::{Balance, BalanceConfig, RequestDeadline, Strategy, WithoutCards};
+use balance_layer::{
+    Balance, BalanceConfig, RequestDeadline, RequestHashKey, Strategy, WithoutCards,
+};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use endpoint_state::{EndpointCard, HasCard};
 use test_backends::bench;
@@ -36,6 +39,7 @@ const CALLERS: u64 = 4;
 struct Req;
 
 impl RequestDeadline for Req {}
+impl RequestHashKey for Req {}
 
 /// An endpoint that is always ready and answers at once, with a state card.
 #[derive(Clone)]
@@ -113,12 +117,14 @@ where
     assert!(fut.poll(cx).is_ready());
 }
 
-/// Our balancer in the comparisons: round-robin (the default) and least-in-flight (the strategy
-/// comparable to p2c).
-fn ours_strategies() -> [(&'static str, Strategy); 2] {
+/// Our balancer in the comparisons: round-robin (the default), least-in-flight (the strategy
+/// comparable to p2c), pick-first and ring hash.
+fn ours_strategies() -> [(&'static str, Strategy); 4] {
     [
         ("ours_round_robin", Strategy::RoundRobin),
         ("ours_least_in_flight", Strategy::LeastInFlight),
+        ("ours_pick_first", Strategy::pick_first()),
+        ("ours_ring_hash", Strategy::ring_hash()),
     ]
 }
 

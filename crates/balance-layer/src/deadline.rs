@@ -33,6 +33,33 @@ pub trait RequestDeadline {
     fn set_time_budget(&mut self, budget: Duration) {
         let _ = budget;
     }
+
+    /// Whether this call waits for an eligible endpoint when none is (gRPC's per-call
+    /// wait-for-ready), overriding [`BalanceConfig::wait_for_ready`](crate::BalanceConfig::wait_for_ready)
+    /// for this one call; `None` (the default) leaves the balancer's setting. For
+    /// `http::Request` and `tonic::Request`, a [`WaitForReady`] extension says it.
+    fn wait_for_ready(&self) -> Option<bool> {
+        None
+    }
+}
+
+/// A request extension that overrides the balancer's
+/// [`wait_for_ready`](crate::BalanceConfig::wait_for_ready) for one call (read through
+/// [`RequestDeadline::wait_for_ready`]):
+///
+/// ```
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(balance_layer::WaitForReady(true));
+/// # use balance_layer::RequestDeadline;
+/// assert_eq!(request.wait_for_ready(), Some(true));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitForReady(pub bool);
+
+/// Whether a call made while nothing is eligible waits: its own say, else the balancer's.
+#[inline]
+pub(crate) fn waits_for_ready<R: RequestDeadline>(req: &R, configured: bool) -> bool {
+    req.wait_for_ready().unwrap_or(configured)
 }
 
 impl<B> RequestDeadline for http::Request<B> {
@@ -43,6 +70,10 @@ impl<B> RequestDeadline for http::Request<B> {
     fn set_time_budget(&mut self, budget: Duration) {
         self.headers_mut()
             .insert(GRPC_TIMEOUT.clone(), grpc_timeout_value(budget));
+    }
+
+    fn wait_for_ready(&self) -> Option<bool> {
+        self.extensions().get::<WaitForReady>().map(|w| w.0)
     }
 }
 
@@ -57,6 +88,10 @@ impl<T> RequestDeadline for tonic::Request<T> {
         if let Ok(value) = tonic::metadata::AsciiMetadataValue::try_from(value.as_bytes()) {
             self.metadata_mut().insert("grpc-timeout", value);
         }
+    }
+
+    fn wait_for_ready(&self) -> Option<bool> {
+        self.extensions().get::<WaitForReady>().map(|w| w.0)
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
+use endpoint_state::rng::{self, Rng};
 use endpoint_state::{BreakerState, Changed, HasCard, Peers};
 use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -27,6 +28,7 @@ use tower::discover::{Change, Discover};
 
 use crate::alias::Alias;
 use crate::error::BoxError;
+use crate::ring::{Ring, RingView};
 use crate::shared::{Discovery, Endpoint, Kind, REMOVED, Shared, Snapshot};
 
 /// Changes taken from discovery in one go before the task yields to others.
@@ -73,6 +75,16 @@ pub(crate) struct Driver<D: Discover> {
     /// Whether discovery has inserted any endpoint yet (before that, calls wait for it as for
     /// targets that are connecting).
     delivered: bool,
+    /// Whether discovery has inserted or removed an endpoint since the last rebuild.
+    set_changed: bool,
+    /// Pick-first: the endpoints in the order calls go to them (discovery order, or shuffled
+    /// at every change of the set), and the one calls go to now (sticky while it is picked).
+    first_order: Vec<Arc<Endpoint<D::Key, D::Service>>>,
+    current: Option<Arc<Endpoint<D::Key, D::Service>>>,
+    /// Pick-first's shuffles (seeded from the balancer's seed).
+    rng: Rng,
+    /// Ring hash: the ring over `order`, rebuilt when the set changes.
+    ring: Option<Arc<Ring>>,
 }
 
 impl<D: Discover> fmt::Debug for Driver<D> {
@@ -93,6 +105,8 @@ where
     D::Error: Into<BoxError>,
 {
     pub(crate) fn new(discover: D, shared: Arc<Shared<D::Key, D::Service>>) -> Self {
+        // Its own sequence, apart from the clones' (which mix the seed with their ordinal).
+        let rng = Rng::new(rng::mix(shared.settings.seed ^ 0x5348_5546_464C_4521));
         Driver {
             discover: Box::pin(discover),
             shared,
@@ -104,6 +118,11 @@ where
             timer: None,
             timer_at: None,
             delivered: false,
+            set_changed: false,
+            first_order: Vec::new(),
+            current: None,
+            rng,
+            ring: None,
         }
     }
 
@@ -181,6 +200,7 @@ where
 
     fn insert(&mut self, key: D::Key, service: D::Service) {
         self.delivered = true;
+        self.set_changed = true;
         // The endpoint this one replaces goes first, so that a card inserted again leaves the
         // balancer's peer set with the old endpoint and joins it again with the new.
         if let Some(old) = self.entries.remove(&key) {
@@ -221,6 +241,7 @@ where
     fn remove(&mut self, key: &D::Key) {
         if let Some(old) = self.entries.remove(key) {
             tracing::debug!(backend = %old.endpoint.name, "endpoint removed");
+            self.set_changed = true;
             self.retire(old);
         }
     }
@@ -319,6 +340,63 @@ where
         false
     }
 
+    /// After discovery changed the set of endpoints: pick-first's order (shuffled once per
+    /// change, gRFC A62), ring hash's ring.
+    fn set_was_changed(&mut self, kind: Kind) {
+        match kind {
+            Kind::PickFirst => {
+                self.first_order.clone_from(&self.order);
+                if self.shared.settings.shuffle {
+                    // Fisher-Yates.
+                    for i in (1..self.first_order.len()).rev() {
+                        let j = self.rng.below(i + 1);
+                        self.first_order.swap(i, j);
+                    }
+                }
+            }
+            Kind::RingHash => {
+                let settings = &self.shared.settings;
+                let ring = Ring::build(
+                    self.order.iter().map(|e| &*e.name),
+                    settings.ring_min,
+                    settings.ring_max,
+                );
+                tracing::debug!(
+                    endpoints = self.order.len(),
+                    points = ring.len(),
+                    per_endpoint = ring.per_endpoint(),
+                    "hash ring rebuilt"
+                );
+                self.ring = Some(Arc::new(ring));
+            }
+            _ => {}
+        }
+    }
+
+    /// Pick-first: the position in `picks` (in pick-first order) of the endpoint calls go to —
+    /// the current one while it is picked; otherwise the first.
+    fn stick(&mut self, picks: &[Arc<Endpoint<D::Key, D::Service>>]) -> usize {
+        let kept = self
+            .current
+            .as_ref()
+            .and_then(|current| picks.iter().position(|e| Arc::ptr_eq(e, current)));
+        let first = kept.unwrap_or(0);
+        let next = picks.get(first);
+        let moved = match (&self.current, next) {
+            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+            (None, None) => false,
+            _ => true,
+        };
+        if moved {
+            match next {
+                Some(next) => tracing::info!(backend = %next.name, "pick_first: calls go here now"),
+                None => tracing::debug!("pick_first: no endpoint to send calls to"),
+            }
+        }
+        self.current = next.cloned();
+        first
+    }
+
     /// Recomputes the eligible set from every card and publishes it. O(endpoints); runs once
     /// per batch of changes, never on the request path.
     ///
@@ -335,7 +413,18 @@ where
         let mut blocked = Vec::new();
         let mut next: Option<Instant> = None;
         let mut connecting = !self.delivered && matches!(self.discovery, Discovery::Running);
-        for endpoint in &self.order {
+        let kind = self.shared.settings.kind;
+        let set_changed = std::mem::take(&mut self.set_changed);
+        if set_changed {
+            self.set_was_changed(kind);
+        }
+        // Pick-first picks in its own order; the others in discovery order.
+        let walk = if kind == Kind::PickFirst {
+            &self.first_order
+        } else {
+            &self.order
+        };
+        for endpoint in walk {
             if endpoint.admits(false) {
                 strict.push(endpoint.clone());
                 continue;
@@ -383,11 +472,22 @@ where
             strict
         };
         let ignoring_passive = ignoring_passive && !picks.is_empty();
-        let alias = if self.shared.settings.kind == Kind::Weighted {
+        let alias = if kind == Kind::Weighted {
             let weights: Vec<f64> = picks.iter().map(|e| e.weight).collect();
             Alias::new(&weights)
         } else {
             None
+        };
+        let first = if kind == Kind::PickFirst {
+            self.stick(&picks)
+        } else {
+            0
+        };
+        let ring = match &self.ring {
+            Some(ring) if kind == Kind::RingHash => {
+                Some(RingView::new(ring.clone(), &self.order, &picks))
+            }
+            _ => None,
         };
         let previous = self.shared.snapshot.load();
         let generation = previous.generation + 1;
@@ -419,6 +519,8 @@ where
             ignoring_passive,
             connecting,
             alias,
+            first,
+            ring,
             all: self.order.clone().into_boxed_slice(),
             discovery: self.discovery.clone(),
             recheck_from: Default::default(),

@@ -13,16 +13,20 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BalanceConfig;
-use crate::deadline::RequestDeadline;
+use crate::deadline::{RequestDeadline, waits_for_ready};
+use crate::dispatch::{Dispatch, Dispatched};
 use crate::error::BoxError;
+use crate::hash::RequestHashKey;
 use crate::picker::{Picked, Picker, Reserved, Taken};
-use crate::shared::{Endpoint, Owner, Shared};
+use crate::shared::{Endpoint, Kind, Owner, Shared};
 
 pin_project! {
     /// The response future of [`Balance`](crate::Balance): the chosen endpoint's own future,
     /// or — with wait-for-ready while nothing is eligible — a wait for an eligible endpoint
     /// followed by its future, or an immediate
-    /// [`NoHealthyTargets`](crate::error::NoHealthyTargets).
+    /// [`NoHealthyTargets`](crate::error::NoHealthyTargets). Under
+    /// [`Strategy::RingHash`](crate::Strategy::RingHash) it first waits for the endpoint
+    /// the request's hash chose to be ready, then sends the request there.
     ///
     /// Dropping it releases what it holds (the endpoint's in-flight count, a reserved
     /// endpoint while waiting).
@@ -49,6 +53,10 @@ pin_project! {
         Waiting {
             waiter: Box<Waiter<K, S, Req>>,
         },
+        Hashed {
+            dispatch: Dispatch<K, S, Req>,
+            owner: Arc<Owner<K, S>>,
+        },
         Failed {
             error: Option<BoxError>,
         },
@@ -63,11 +71,15 @@ where
         let state = match &self.state {
             State::Called { .. } => "called",
             State::Waiting { .. } => "waiting for an eligible endpoint",
+            State::Hashed { .. } => "waiting for the endpoint of the request's hash",
             State::Failed { .. } => "failed",
         };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
+        let mut f = f.debug_struct("ResponseFuture");
+        f.field("state", &state);
+        if let State::Hashed { dispatch, .. } = &self.state {
+            f.field("endpoint", &dispatch.chosen());
+        }
+        f.finish()
     }
 }
 
@@ -121,7 +133,7 @@ pub(crate) enum Wait {
 struct Waiter<K, S, Req> {
     picker: Picker<K, S>,
     /// Keeps the balancer's discovery running while the call waits.
-    _owner: Arc<Owner<K, S>>,
+    owner: Arc<Owner<K, S>>,
     req: Option<Req>,
     deadline: Option<Pin<Box<Sleep>>>,
     /// Whether the deadline is the request's own (rather than `max_wait`).
@@ -132,6 +144,8 @@ struct Waiter<K, S, Req> {
     set_budget: fn(&mut Req, Duration),
     started: Instant,
     wait: Wait,
+    /// Ring hash: the request's hash.
+    hash: u64,
 }
 
 impl<K, S, Req> ResponseFuture<K, S, Req>
@@ -178,6 +192,49 @@ where
         }
     }
 
+    /// A ring-hash call: the endpoint for `hash` is chosen, polled ready and called by the
+    /// future.
+    pub(crate) fn hashed(
+        shared: Arc<Shared<K, S>>,
+        owner: Arc<Owner<K, S>>,
+        hash: u64,
+        avoid: Option<Arc<str>>,
+        req: Req,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Hashed {
+                dispatch: Dispatch::new(shared, hash, avoid, req),
+                owner,
+            },
+        }
+    }
+
+    /// A call that found nothing eligible: it waits (with wait-for-ready, or while targets are
+    /// connecting) or fails at once with `NoHealthyTargets`.
+    pub(crate) fn nothing_eligible(
+        shared: &Arc<Shared<K, S>>,
+        owner: &Arc<Owner<K, S>>,
+        req: Req,
+    ) -> Self
+    where
+        Req: RequestDeadline + RequestHashKey,
+    {
+        let settings = &shared.settings;
+        if waits_for_ready(&req, settings.wait_for_ready) {
+            Self::waiting(shared.clone(), owner.clone(), req, Wait::ForReady)
+        } else if !settings.connecting_wait.is_zero() && shared.snapshot.load().connecting {
+            Self::waiting(shared.clone(), owner.clone(), req, Wait::Connecting)
+        } else {
+            Self::failed(
+                shared
+                    .snapshot
+                    .load()
+                    .no_healthy_targets(None, false)
+                    .into(),
+            )
+        }
+    }
+
     pub(crate) fn failed(error: BoxError) -> Self {
         ResponseFuture {
             state: State::Failed { error: Some(error) },
@@ -191,7 +248,7 @@ where
         wait: Wait,
     ) -> Self
     where
-        Req: RequestDeadline,
+        Req: RequestDeadline + RequestHashKey,
     {
         let started = Instant::now();
         let budget = req.time_budget();
@@ -212,11 +269,18 @@ where
         // A limit too far to represent ends in the far future: no limit in practice.
         let deadline = limit.map(|d| Box::pin(tokio::time::sleep_until(time::after(d))));
         tracing::debug!(limit = ?limit, ?wait, "nothing eligible; waiting");
+        let mut picker = Picker::new(shared);
+        let hash = if picker.shared.settings.kind == Kind::RingHash {
+            req.request_hash(picker.shared.settings.hash_header.as_ref())
+                .unwrap_or_else(|| picker.random_hash())
+        } else {
+            0
+        };
         ResponseFuture {
             state: State::Waiting {
                 waiter: Box::new(Waiter {
-                    picker: Picker::new(shared),
-                    _owner: owner,
+                    picker,
+                    owner,
                     req: Some(req),
                     deadline,
                     caller_deadline,
@@ -224,6 +288,7 @@ where
                     set_budget: <Req as RequestDeadline>::set_time_budget,
                     started,
                     wait,
+                    hash,
                 }),
             },
         }
@@ -234,6 +299,7 @@ impl<K, S, Req> Future for ResponseFuture<K, S, Req>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
+    Req: RequestDeadline + RequestHashKey,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -253,12 +319,44 @@ where
                         .take()
                         .expect("ResponseFuture polled after completion")));
                 }
+                StateProj::Hashed { dispatch, owner } => {
+                    let next = match ready!(dispatch.poll(cx)) {
+                        Dispatched::Called { future, endpoint } => State::Called {
+                            load: Load::start(&dispatch.shared, &endpoint),
+                            future,
+                        },
+                        // Every endpoint stopped being eligible while the call waited for
+                        // its own: as for a call that found nothing eligible.
+                        Dispatched::Nothing(req) => {
+                            Self::nothing_eligible(&dispatch.shared, owner, req).state
+                        }
+                    };
+                    this.state.set(next);
+                }
                 StateProj::Waiting { waiter } => {
                     ready!(waiter.poll_endpoint(cx))?;
-                    let Taken::Endpoint(reserved) = waiter.picker.take() else {
-                        unreachable!("poll_endpoint returned Ready(Ok) with an endpoint reserved");
-                    };
                     let mut req = waiter.req.take().expect("request taken once");
+                    let reserved = match waiter.picker.take() {
+                        Taken::Endpoint(reserved) => reserved,
+                        Taken::Deferred => {
+                            // Ring hash: something is eligible now; the request's hash chooses.
+                            if let Some(budget) = waiter.budget {
+                                let left = budget.saturating_sub(waiter.started.elapsed());
+                                (waiter.set_budget)(&mut req, left);
+                            }
+                            let shared = waiter.picker.shared.clone();
+                            let avoid = waiter.picker.avoided().cloned();
+                            let next = State::Hashed {
+                                dispatch: Dispatch::new(shared, waiter.hash, avoid, req),
+                                owner: waiter.owner.clone(),
+                            };
+                            this.state.set(next);
+                            continue;
+                        }
+                        _ => unreachable!(
+                            "poll_endpoint returned Ready(Ok) with an endpoint reserved"
+                        ),
+                    };
                     if let Some(budget) = waiter.budget {
                         // The wait spent part of the caller's deadline: the request carries
                         // what is left, not the whole of it again.

@@ -1,7 +1,7 @@
 //! A load balancer over [`tower::discover`] that picks, for every request, one endpoint that is
 //! both **eligible** — its [`EndpointCard`](endpoint_state::EndpointCard) admits calls — and
-//! **ready**, in O(1), and that is cheap to clone: no `Buffer`, no worker task on the request
-//! path.
+//! **ready**, in O(1) (ring hash: O(log ring size)), and that is cheap to clone: no `Buffer`,
+//! no worker task on the request path.
 //!
 //! # How it works
 //!
@@ -22,24 +22,41 @@
 //!   polls it ready. A clone of the balancer reserves at most one endpoint in `poll_ready`,
 //!   and `call` uses it. If the endpoint is not ready, up to three others are tried; then
 //!   the clone waits, woken by any of those becoming ready or by the next change of the
-//!   eligible set.
+//!   eligible set. (Pick-first tries only its one endpoint and waits for it; ring hash
+//!   chooses in `call`, where the request's hash is known, and its response future waits
+//!   for that endpoint to be ready.)
 //! * **Strategies.** [`Strategy::RoundRobin`] (default; exact shares: 60 calls over 3
 //!   endpoints are 20/20/20), [`Strategy::Random`] (seedable), [`Strategy::Weighted`]
-//!   (weights by target), and least-loaded: [`Strategy::LeastInFlight`] (power of two
-//!   choices on calls in flight) and [`Strategy::PeakEwma`] (power of two choices on latency).
+//!   (weights by target), least-loaded: [`Strategy::LeastInFlight`] (power of two choices on
+//!   calls in flight) and [`Strategy::PeakEwma`] (power of two choices on latency), and
+//!   gRPC's policies: [`Strategy::PickFirst`] (one endpoint for every call, sticky, the next
+//!   on failure) and [`Strategy::RingHash`] (consistent hashing on the request's
+//!   [`RequestHash`] or a header, through [`RequestHashKey`]).
+//!
+//!   | strategy | in a file | chooses | a pick costs |
+//!   |---|---|---|---|
+//!   | [`RoundRobin`](Strategy::RoundRobin) | `round_robin` (default) | each eligible endpoint in turn | O(1) |
+//!   | [`Random`](Strategy::Random) | `random` | uniformly at random | O(1) |
+//!   | [`Weighted`](Strategy::Weighted) | `weighted`, `[weights]` | in proportion to weights | O(1) |
+//!   | [`LeastInFlight`](Strategy::LeastInFlight) | `least_in_flight` | the less busy of two | O(1) |
+//!   | [`PeakEwma`](Strategy::PeakEwma) | `peak_ewma`, `[peak_ewma]` | the faster of two | O(1) |
+//!   | [`PickFirst`](Strategy::PickFirst) | `pick_first`, `[pick_first]` | the first eligible in order, sticky | O(1) |
+//!   | [`RingHash`](Strategy::RingHash) | `ring_hash`, `[ring_hash]` | by the request's hash, on a ring | O(log ring size) |
 //! * **Nothing eligible.** While some endpoint is *connecting* (its card has no health
 //!   verdict yet) the call waits for the first verdicts, up to its own deadline
 //!   ([`RequestDeadline`]) and [`BalanceConfig::connecting_wait`] (5 s), as gRPC queues calls
 //!   while a channel connects. Otherwise it fails at once with [`error::NoHealthyTargets`],
 //!   which lists every target and why it was skipped (from the cards) and which a generated
 //!   tonic client receives as `UNAVAILABLE`. With [`BalanceConfig::wait_for_ready`] the call
-//!   waits instead, up to its own deadline.
+//!   waits instead, up to its own deadline; a request's [`WaitForReady`] extension says the
+//!   same for one call, either way.
 //!
 //! The configuration is a plain [`BalanceConfig`], validated when the balancer is built (an
 //! invalid one is an [`endpoint_state::ConfigError`] naming the field and the value). With the
 //! `serde` feature it is also read from a configuration file, under the names it has here
-//! (`strategy = "weighted"`, `[weights]`, `[peak_ewma]`, `wait_for_ready`, `max_wait = "2s"`,
-//! `connecting_wait`, `seed`); unknown fields are refused.
+//! (`strategy = "weighted"`, `[weights]`, `[peak_ewma]`, `[pick_first]`, `[ring_hash]`,
+//! `wait_for_ready`, `max_wait = "2s"`, `connecting_wait`, `seed`); unknown fields are
+//! refused.
 //!
 //! Endpoints are any `Service + Clone + HasCard`: every layer of the kit implements
 //! [`HasCard`](endpoint_state::HasCard). Plain services without a card (a bare tonic
@@ -87,17 +104,21 @@ mod alias;
 mod cards;
 mod config;
 mod deadline;
+mod dispatch;
 mod driver;
 pub mod error;
 pub mod future;
+mod hash;
 mod layer;
 mod picker;
+mod ring;
 mod service;
 mod shared;
 
 pub use cards::{NoCard, PlainEndpoint, WithCard, WithoutCards};
 pub use config::{BalanceConfig, PeakEwma, Strategy, Weights};
-pub use deadline::{RequestDeadline, grpc_timeout};
+pub use deadline::{RequestDeadline, WaitForReady, grpc_timeout};
 pub use error::NoHealthyTargets;
+pub use hash::{RequestHash, RequestHashKey};
 pub use layer::BalanceLayer;
 pub use service::Balance;

@@ -1,7 +1,6 @@
 //! One clone's picking: at most one endpoint reserved in `poll_ready` for `call`, chosen by the
 //! strategy from the eligible set, and the endpoints it waits on while none is ready.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -11,7 +10,7 @@ use tokio::sync::futures::OwnedNotified;
 use tower_service::Service;
 
 use crate::error::BoxError;
-use crate::shared::{Endpoint, Shared, Snapshot};
+use crate::shared::{Endpoint, Kind, Shared, Snapshot};
 
 /// How many endpoints one `poll_ready` tries before it waits (on every one it tried that was
 /// eligible but not ready, and on the next change of the eligible set).
@@ -21,7 +20,7 @@ const ATTEMPTS: usize = 4;
 pub(crate) struct Reserved<K, S> {
     pub(crate) endpoint: Arc<Endpoint<K, S>>,
     pub(crate) service: S,
-    ignoring_passive: bool,
+    pub(crate) ignoring_passive: bool,
 }
 
 enum Slot<K, S> {
@@ -34,6 +33,8 @@ enum Slot<K, S> {
     Waiting,
     /// `poll_ready` found nothing eligible: `call` reports it (or waits).
     Unavailable,
+    /// Ring hash: something is eligible, and `call` chooses with the request's hash.
+    Deferred,
 }
 
 impl<K, S> Slot<K, S> {
@@ -43,6 +44,7 @@ impl<K, S> Slot<K, S> {
             Slot::Ready(_) => "ready endpoint",
             Slot::Waiting => "endpoints not ready yet",
             Slot::Unavailable => "nothing eligible",
+            Slot::Deferred => "a choice by the request's hash",
         }
     }
 }
@@ -51,10 +53,12 @@ pub(crate) enum Taken<K, S> {
     Endpoint(Reserved<K, S>),
     Nothing,
     NotReady,
+    /// Ring hash: choose by the request's hash (something was eligible in `poll_ready`).
+    Deferred,
 }
 
 pub(crate) enum Picked {
-    /// An endpoint is reserved and ready.
+    /// An endpoint is reserved and ready (or, for ring hash, the choice is left to `call`).
     Endpoint,
     /// Nothing is eligible.
     Nothing,
@@ -101,6 +105,17 @@ impl<K, S> Picker<K, S> {
         self.avoid = Some(target);
     }
 
+    /// The endpoint this clone avoids, if any.
+    pub(crate) fn avoided(&self) -> Option<&Arc<str>> {
+        self.avoid.as_ref()
+    }
+
+    /// A random request hash (ring hash, for a request that has none), from this clone's
+    /// generator.
+    pub(crate) fn random_hash(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+
     /// The names of the endpoints this clone has chosen and waits on to become ready.
     pub(crate) fn waiting_for(&self) -> Vec<Arc<str>> {
         self.waiting
@@ -129,6 +144,7 @@ impl<K, S> Picker<K, S> {
         match std::mem::replace(&mut self.slot, Slot::Empty) {
             Slot::Ready(reserved) => Taken::Endpoint(reserved),
             Slot::Unavailable => Taken::Nothing,
+            Slot::Deferred => Taken::Deferred,
             other => {
                 self.slot = other;
                 Taken::NotReady
@@ -140,20 +156,8 @@ impl<K, S> Picker<K, S> {
     /// `Pending`, woken when it changes. Subscribes first and looks second, so a change in
     /// between is not lost.
     pub(crate) fn poll_set_change(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            let listener = self
-                .listener
-                .get_or_insert_with(|| Box::pin(self.shared.changed.clone().notified_owned()));
-            if self.shared.generation() > self.seen {
-                self.listener = None;
-                return Poll::Ready(());
-            }
-            match listener.as_mut().poll(cx) {
-                // Notified: the generation has moved (checked at the top).
-                Poll::Ready(()) => self.listener = None,
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        self.shared
+            .poll_newer_than(self.seen, &mut self.listener, cx)
     }
 
     fn settle(&mut self, slot: Slot<K, S>, picked: Picked) -> Poll<Result<Picked, BoxError>> {
@@ -164,14 +168,7 @@ impl<K, S> Picker<K, S> {
     }
 
     fn fail(&self, endpoint: &Endpoint<K, S>, error: BoxError) {
-        if endpoint.mark_failed(&error.to_string()) {
-            tracing::warn!(
-                backend = %endpoint.name,
-                %error,
-                "endpoint failed poll_ready; out of rotation until discovery inserts it again"
-            );
-        }
-        self.shared.kick();
+        self.shared.fail(endpoint, &error);
     }
 
     /// Polls the endpoints this clone waits on; `Some` with the first that is ready.
@@ -228,7 +225,7 @@ impl<K, S> Picker<K, S> {
                     }
                     self.waiting.clear();
                 }
-                Slot::Empty | Slot::Unavailable => {}
+                Slot::Empty | Slot::Unavailable | Slot::Deferred => {}
             }
 
             let snap = self.shared.snapshot.load();
@@ -244,9 +241,16 @@ impl<K, S> Picker<K, S> {
                 }
                 return self.settle(Slot::Unavailable, Picked::Nothing);
             }
+            let attempts = match self.shared.settings.kind {
+                // The request's hash chooses, in `call`.
+                Kind::RingHash => return self.settle(Slot::Deferred, Picked::Endpoint),
+                // Every call goes to the one endpoint, and waits for it (no spill-over).
+                Kind::PickFirst => 1,
+                _ => n.min(ATTEMPTS),
+            };
 
             let mut stale = false;
-            for _ in 0..n.min(ATTEMPTS) {
+            for _ in 0..attempts {
                 let endpoint = &snap.picks[self.choose(&snap)];
                 if !endpoint.admits(snap.ignoring_passive) {
                     // Its card changed since the snapshot was built.

@@ -15,7 +15,8 @@ use crate::config::BalanceConfig;
 use crate::deadline::RequestDeadline;
 use crate::driver::Driver;
 use crate::error::BoxError;
-use crate::future::{ResponseFuture, Wait};
+use crate::future::ResponseFuture;
+use crate::hash::RequestHashKey;
 use crate::picker::{Picker, Taken};
 use crate::shared::{Owner, Settings, Shared};
 
@@ -166,7 +167,7 @@ where
     D: Discover,
     D::Service: Service<Req> + Clone,
     <D::Service as Service<Req>>::Error: Into<BoxError>,
-    Req: RequestDeadline,
+    Req: RequestDeadline + RequestHashKey,
 {
     type Response = <D::Service as Service<Req>>::Response;
     type Error = BoxError;
@@ -187,22 +188,18 @@ where
                 endpoint.give_back(service);
                 future
             }
-            Taken::Nothing if shared.settings.wait_for_ready => {
-                ResponseFuture::waiting(shared.clone(), self.owner.clone(), req, Wait::ForReady)
+            Taken::Deferred => {
+                // Ring hash: the request's hash chooses the endpoint.
+                let shared = shared.clone();
+                let hash = req
+                    .request_hash(shared.settings.hash_header.as_ref())
+                    .unwrap_or_else(|| self.picker.random_hash());
+                let avoid = self.picker.avoided().cloned();
+                ResponseFuture::hashed(shared, self.owner.clone(), hash, avoid, req)
             }
-            Taken::Nothing
-                if !shared.settings.connecting_wait.is_zero()
-                    && shared.snapshot.load().connecting =>
-            {
-                ResponseFuture::waiting(shared.clone(), self.owner.clone(), req, Wait::Connecting)
-            }
-            Taken::Nothing => ResponseFuture::failed(
-                shared
-                    .snapshot
-                    .load()
-                    .no_healthy_targets(None, false)
-                    .into(),
-            ),
+            // Waits (wait-for-ready, the call's or the balancer's; targets connecting) or
+            // fails with `NoHealthyTargets`.
+            Taken::Nothing => ResponseFuture::nothing_eligible(shared, &self.owner, req),
             Taken::NotReady => panic!("Balance::call called before poll_ready returned Ready"),
         }
     }
@@ -331,5 +328,41 @@ mod tests {
         assert_eq!(&*name, "late");
         // The call waited 400 ms of its second: it goes on with what is left.
         assert_eq!(budget, Some(Duration::from_millis(600)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_says_whether_it_waits_for_ready_over_the_balancers_setting() {
+        for configured in [false, true] {
+            let (tx, mut balance) = balancer(
+                BalanceConfig::new()
+                    .wait_for_ready(configured)
+                    .connecting_wait(Duration::ZERO),
+            );
+            settle(&balance, 0).await;
+            let with = |wait: bool| {
+                let mut req = http::Request::builder()
+                    .header("grpc-timeout", "1S")
+                    .body(())
+                    .unwrap();
+                req.extensions_mut().insert(crate::WaitForReady(wait));
+                req
+            };
+            // The call that says it does not wait fails at once, whatever the balancer says.
+            let error = balance
+                .ready()
+                .await
+                .unwrap()
+                .call(with(false))
+                .await
+                .unwrap_err();
+            assert!(error.is::<crate::error::NoHealthyTargets>(), "{error}");
+            // The call that says it waits is answered by the endpoint that comes.
+            let call = tokio::spawn(balance.ready().await.unwrap().call(with(true)));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(!call.is_finished(), "configured {configured}");
+            insert(&tx, "late").await;
+            let (name, _) = call.await.unwrap().unwrap();
+            assert_eq!(&*name, "late");
+        }
     }
 }

@@ -1,8 +1,11 @@
 //! The state every clone of a balancer shares: the eligible set (an atomically swapped
 //! snapshot), the strategy's counters, and each endpoint's load.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -10,12 +13,15 @@ use endpoint_state::rng::{self, Rng};
 use endpoint_state::sync::lock;
 use endpoint_state::{BreakerState, EndpointCard, HealthVerdict, LineKind, Peers};
 use futures_util::task::AtomicWaker;
+use http::HeaderName;
 use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use crate::alias::Alias;
 use crate::config::{BalanceConfig, Strategy, Weights};
 use crate::error::{LISTED, NoHealthyTargets, Skip, SkippedTarget};
+use crate::ring::RingView;
 
 /// The validated configuration, in the shape the request path reads it.
 #[derive(Debug)]
@@ -28,6 +34,13 @@ pub(crate) struct Settings {
     pub(crate) max_wait: Option<Duration>,
     pub(crate) connecting_wait: Duration,
     pub(crate) seed: u64,
+    /// Pick-first: shuffle the order at every change of the set.
+    pub(crate) shuffle: bool,
+    /// Ring hash: the least and most points on the ring, both capped.
+    pub(crate) ring_min: usize,
+    pub(crate) ring_max: usize,
+    /// Ring hash: the header that carries the request's hash key.
+    pub(crate) hash_header: Option<HeaderName>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +50,8 @@ pub(crate) enum Kind {
     Weighted,
     LeastInFlight,
     PeakEwma,
+    PickFirst,
+    RingHash,
 }
 
 impl Kind {
@@ -55,6 +70,28 @@ impl Settings {
             Strategy::Weighted(w) => (Kind::Weighted, w.clone(), Default::default()),
             Strategy::LeastInFlight => (Kind::LeastInFlight, Weights::new(), Default::default()),
             Strategy::PeakEwma(p) => (Kind::PeakEwma, Weights::new(), *p),
+            Strategy::PickFirst { .. } => (Kind::PickFirst, Weights::new(), Default::default()),
+            Strategy::RingHash { .. } => (Kind::RingHash, Weights::new(), Default::default()),
+        };
+        let shuffle = matches!(
+            config.strategy,
+            Strategy::PickFirst {
+                shuffle_address_list: true
+            }
+        );
+        let (ring_min, ring_max, hash_header) = match &config.strategy {
+            Strategy::RingHash {
+                min_ring_size,
+                max_ring_size,
+                request_hash_header,
+            } => {
+                let cap = |size: u64| size.min(Strategy::RING_SIZE_CAP) as usize;
+                let header = request_hash_header
+                    .as_deref()
+                    .map(|h| crate::hash::header_name(h).expect("validated: a valid header name"));
+                (cap(*min_ring_size), cap(*max_ring_size), header)
+            }
+            _ => (0, 0, None),
         };
         Settings {
             kind,
@@ -65,6 +102,10 @@ impl Settings {
             max_wait: config.max_wait,
             connecting_wait: config.connecting_wait,
             seed: config.seed.unwrap_or_else(rng::random_seed),
+            shuffle,
+            ring_min,
+            ring_max,
+            hash_header,
         }
     }
 }
@@ -138,15 +179,30 @@ impl<K, S> Shared<K, S> {
         self.driver.wake();
     }
 
+    /// Takes `endpoint` out after its service failed `poll_ready`, and has the set rebuilt.
+    pub(crate) fn fail(&self, endpoint: &Endpoint<K, S>, error: &crate::error::BoxError) {
+        if endpoint.mark_failed(&error.to_string()) {
+            tracing::warn!(
+                backend = %endpoint.name,
+                %error,
+                "endpoint failed poll_ready; out of rotation until discovery inserts it again"
+            );
+        }
+        self.kick();
+    }
+
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// Chooses a position in `snap.picks` (non-empty) with the configured strategy: O(1).
+    /// (Ring hash chooses in `call`, with the request's hash: see [`crate::ring`].)
     pub(crate) fn choose(&self, snap: &Snapshot<K, S>, rng: &mut Rng) -> usize {
         let n = snap.picks.len();
         debug_assert!(n > 0);
         match self.settings.kind {
+            Kind::PickFirst => snap.first.min(n - 1),
+            Kind::RingHash => rng.below(n),
             Kind::RoundRobin => (self.cursor.0.fetch_add(1, Ordering::Relaxed) % n as u64) as usize,
             Kind::Random => rng.below(n),
             Kind::Weighted => {
@@ -177,6 +233,30 @@ impl<K, S> Shared<K, S> {
                     )
                 };
                 if lb < la { b } else { a }
+            }
+        }
+    }
+
+    /// `Ready` once the eligible set is newer than generation `seen`; otherwise `Pending`,
+    /// woken when it changes. `listener` is the caller's subscription, made before looking
+    /// (so that a change in between is not lost) and kept while it waits.
+    pub(crate) fn poll_newer_than(
+        &self,
+        seen: u64,
+        listener: &mut Option<Pin<Box<OwnedNotified>>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        loop {
+            let waiting =
+                listener.get_or_insert_with(|| Box::pin(self.changed.clone().notified_owned()));
+            if self.generation() > seen {
+                *listener = None;
+                return Poll::Ready(());
+            }
+            match waiting.as_mut().poll(cx) {
+                // Notified: the generation has moved (checked at the top).
+                Poll::Ready(()) => *listener = None,
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
@@ -426,6 +506,11 @@ pub(crate) struct Snapshot<K, S> {
     pub(crate) connecting: bool,
     /// For the weighted strategy: the alias table over `picks`' weights (`None`: uniform).
     pub(crate) alias: Option<Alias>,
+    /// For pick-first: the position in `picks` of the endpoint every call goes to (`picks`
+    /// is in pick-first order).
+    pub(crate) first: usize,
+    /// For ring hash: the ring over `all`, with the eligible points of this snapshot.
+    pub(crate) ring: Option<RingView>,
     /// Every endpoint, in discovery order.
     pub(crate) all: Box<[Arc<Endpoint<K, S>>]>,
     pub(crate) discovery: Discovery,
@@ -442,6 +527,8 @@ impl<K, S> Snapshot<K, S> {
             ignoring_passive: false,
             connecting: true,
             alias: None,
+            first: 0,
+            ring: None,
             all: Box::new([]),
             discovery: Discovery::Running,
             recheck_from: AtomicUsize::new(0),

@@ -132,3 +132,138 @@ fn a_strategy_alone_reads_its_name_or_a_table() {
     assert!(read("strategy = { random = { x = 1 } }").is_err());
     assert!(read("strategy = { random = {}, weighted = {} }").is_err());
 }
+
+#[test]
+fn pick_first_and_ring_hash_read_their_tables() {
+    let config =
+        read("strategy = \"pick_first\"\n[pick_first]\nshuffle_address_list = true").unwrap();
+    assert!(matches!(
+        config.strategy,
+        Strategy::PickFirst {
+            shuffle_address_list: true
+        }
+    ));
+    let config = read("strategy = \"pick_first\"").unwrap();
+    assert!(matches!(
+        config.strategy,
+        Strategy::PickFirst {
+            shuffle_address_list: false
+        }
+    ));
+
+    let config = read(
+        r#"
+        strategy = "ring_hash"
+        seed = 3
+
+        [ring_hash]
+        min_ring_size = 512
+        max_ring_size = 2048
+        request_hash_header = "x-user-id"
+        "#,
+    )
+    .unwrap();
+    let Strategy::RingHash {
+        min_ring_size,
+        max_ring_size,
+        request_hash_header,
+    } = &config.strategy
+    else {
+        panic!("{:?}", config.strategy)
+    };
+    assert_eq!((*min_ring_size, *max_ring_size), (512, 2048));
+    assert_eq!(request_hash_header.as_deref(), Some("x-user-id"));
+    config.validate().unwrap();
+
+    // Defaults: gRFC A42's sizes, no header.
+    let config = read("strategy = \"ring_hash\"").unwrap();
+    let Strategy::RingHash {
+        min_ring_size,
+        max_ring_size,
+        request_hash_header,
+    } = config.strategy
+    else {
+        panic!()
+    };
+    assert_eq!((min_ring_size, max_ring_size), (1024, 8_388_608));
+    assert_eq!(request_hash_header, None);
+    let config = read("strategy = \"ring_hash\"\n[ring_hash]\nmax_ring_size = 4096").unwrap();
+    assert!(matches!(
+        config.strategy,
+        Strategy::RingHash {
+            min_ring_size: 1024,
+            max_ring_size: 4096,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn pick_first_and_ring_hash_refuse_what_is_not_theirs() {
+    let err = read("strategy = \"random\"\n[ring_hash]\nmin_ring_size = 1").unwrap_err();
+    assert!(
+        err.to_string().contains("strategy = \"ring_hash\""),
+        "{err}"
+    );
+    let err = read("[pick_first]\nshuffle_address_list = true").unwrap_err();
+    assert!(
+        err.to_string().contains("strategy = \"pick_first\""),
+        "{err}"
+    );
+    let err = read("strategy = \"ring_hash\"\n[ring_hash]\nring_size = 1").unwrap_err();
+    assert!(
+        err.to_string().contains("unknown field `ring_size`"),
+        "{err}"
+    );
+    let err = read("strategy = \"pick_first\"\n[pick_first]\nshuffle = true").unwrap_err();
+    assert!(err.to_string().contains("unknown field `shuffle`"), "{err}");
+
+    // Values are checked by `validate`, naming the field as the file writes it.
+    let config =
+        read("strategy = \"ring_hash\"\n[ring_hash]\nmin_ring_size = 4096\nmax_ring_size = 1024")
+            .unwrap();
+    let err = config.validate().unwrap_err();
+    assert_eq!(
+        (err.field(), err.value()),
+        ("ring_hash.min_ring_size", "4096")
+    );
+    let config =
+        read("strategy = \"ring_hash\"\n[ring_hash]\nrequest_hash_header = \"x-id-bin\"").unwrap();
+    assert_eq!(
+        config.validate().unwrap_err().field(),
+        "ring_hash.request_hash_header"
+    );
+}
+
+#[test]
+fn pick_first_and_ring_hash_alone_read_their_name_or_a_table() {
+    #[derive(serde::Deserialize)]
+    struct Doc {
+        strategy: Strategy,
+    }
+    let read = |doc: &str| toml::from_str::<Doc>(doc).map(|d| d.strategy);
+    assert!(matches!(
+        read("strategy = \"pick_first\"").unwrap(),
+        Strategy::PickFirst {
+            shuffle_address_list: false
+        }
+    ));
+    assert!(matches!(
+        read("strategy = { pick_first = { shuffle_address_list = true } }").unwrap(),
+        Strategy::PickFirst {
+            shuffle_address_list: true
+        }
+    ));
+    let Strategy::RingHash {
+        request_hash_header,
+        min_ring_size,
+        ..
+    } = read("strategy = { ring_hash = { request_hash_header = \"x-user-id\" } }").unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(request_hash_header.as_deref(), Some("x-user-id"));
+    assert_eq!(min_ring_size, 1024);
+    assert!(read("strategy = \"ring_hash\"").is_ok());
+    assert!(read("strategy = { ring_hash = { x = 1 } }").is_err());
+}

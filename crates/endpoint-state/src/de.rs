@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use tonic::Code;
 
-use crate::classify::{FailureCodes, code_name};
+use crate::classify::{FailureCodes, code_by_name};
 
 /// A set of gRPC codes written by name, as gRPC writes them (`["UNAVAILABLE", "INTERNAL"]`,
 /// any case), or by number (`["14"]`). An unknown name is refused at its place in the list.
@@ -38,12 +38,7 @@ impl Visitor<'_> for CodeVisitor {
     }
 
     fn visit_str<E: de::Error>(self, name: &str) -> Result<CodeName, E> {
-        let wanted = name.trim();
-        (0..=16)
-            .map(Code::from_i32)
-            .find(|c| {
-                code_name(*c).eq_ignore_ascii_case(wanted) || (*c as i32).to_string() == wanted
-            })
+        code_by_name(name)
             .map(CodeName)
             .ok_or_else(|| E::invalid_value(Unexpected::Str(name), &self))
     }

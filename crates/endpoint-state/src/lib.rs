@@ -81,8 +81,8 @@ pub use card::{
 #[doc(inline)]
 pub use classify::{
     CallStatus, ClassifiedBody, Classify, ClassifyLayer, FailureCodes, NotGrpcResponse,
-    NotProcessed, OnOutcome, Outcome, OutcomeSource, ResponseFuture, Verdict, code_name,
-    error_chain, is_not_processed,
+    NotProcessed, OnOutcome, Outcome, OutcomeSource, ResponseFuture, Verdict, code_by_name,
+    code_name, error_chain, is_not_processed,
 };
 #[doc(inline)]
 pub use error::{BoxError, ConfigError};

@@ -243,3 +243,29 @@ mod tests {
         )));
     }
 }
+
+/// The URI a connector is asked to connect when the connection must go to `address` rather
+/// than to wherever the endpoint's host resolves: `uri` with its authority replaced by the
+/// address (scheme and path kept). The endpoint itself keeps naming the server — its
+/// `:authority` and its TLS server name — as gRPC does for a name resolved to addresses.
+///
+/// ```
+/// use endpoint_state::transport::redirect_uri;
+/// let uri: http::Uri = "https://billing.internal:443/".parse().unwrap();
+/// let to = redirect_uri(&uri, "10.0.0.7:443".parse().unwrap());
+/// assert_eq!(to.to_string(), "https://10.0.0.7:443/");
+/// let v6 = redirect_uri(&uri, "[::1]:443".parse().unwrap());
+/// assert_eq!(v6.to_string(), "https://[::1]:443/");
+/// ```
+pub fn redirect_uri(uri: &http::Uri, address: std::net::SocketAddr) -> http::Uri {
+    let mut parts = uri.clone().into_parts();
+    // A socket address always makes a valid authority (`1.2.3.4:5`, `[::1]:5`).
+    parts.authority = address.to_string().parse().ok();
+    if parts.scheme.is_none() {
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+    }
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}

@@ -17,8 +17,8 @@
 //!   `UNAVAILABLE` says why for each target.
 //!
 //! The server certificate names `billing.internal`, not the address: the template sets
-//! `domain_name`, as it must when targets are IP addresses (a `dns:` target resolves to
-//! `https://10.1.2.3:50051`-style targets; see `DnsSettings::scheme`).
+//! `domain_name`, as it must when targets are IP addresses. (A `dns:` target needs none: each
+//! address it resolves to is verified as the name, as gRPC does; see the `dns` module.)
 //!
 //! tonic's TLS here is its `tls-ring` feature (rustls with ring), with no system roots: the only
 //! root trusted is the CA made above.

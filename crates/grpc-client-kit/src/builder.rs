@@ -15,23 +15,29 @@ use quarantine_layer::{QuarantineConfig, QuarantineGroup};
 use tokio::sync::mpsc;
 use tonic::transport::Endpoint;
 
+use crate::discovery::Source;
 use crate::dns::{DnsSettings, DnsTarget};
 use crate::error::{BoxError, BuildError};
 use crate::kit::Kit;
 use crate::life::{KitState, Life};
-use crate::registry::Registry;
-use crate::stack::{CHANGES_CAPACITY, KitDiscover, StackFactory};
+use crate::per_target::{PerTargetLayers, TargetService};
+use crate::registry::{NewTarget, Registry};
+use crate::stack::{CHANGES_CAPACITY, KitDiscover, Request, StackFactory};
+use crate::target::{Target, TargetOptions};
 use crate::template::EndpointTemplate;
 
 mod address;
-pub(crate) use address::{normalize, resolve_address};
+#[cfg(feature = "dns")]
+pub(crate) use address::resolved_address;
+pub(crate) use address::{normalize, resolve_target};
 
 /// Builds a [`Kit`]. Every setting has a default except the targets; [`build`](Self::build)
 /// validates everything first and starts nothing unless all of it is valid.
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`target`](Self::target) / [`targets`](Self::targets) | required: exactly one of them |
+/// | [`target`](Self::target) / [`targets`](Self::targets) / [`discover`](Self::discover) | required: exactly one of them |
+/// | [`per_target_layer`](Self::per_target_layer) | none |
 /// | [`endpoint_template`](Self::endpoint_template) | the URI with tonic's defaults |
 /// | [`health`](Self::health) | `Check` every 30 s, 5 s timeout ([`HealthConfig::default`]) |
 /// | [`quarantine`](Self::quarantine) | 5 s after `UNAVAILABLE` / `DEADLINE_EXCEEDED` |
@@ -42,13 +48,18 @@ pub(crate) use address::{normalize, resolve_address};
 /// | [`connecting_wait`](Self::connecting_wait) | 5 s: a call made while targets are connecting waits for their first verdicts |
 /// | [`transparent_retry`](Self::transparent_retry) | `true`: a call no backend acted on goes to another target |
 /// | [`dns`](Self::dns) | re-resolve by TTL, between 1 s and 30 s |
+/// | [`service_config`](Self::service_config) | none |
 ///
 /// The breaker always runs in [`WhenOpen::Wait`](crate::breaker::WhenOpen::Wait) mode under the
 /// kit (an open target is skipped by the balancer, and named in the error when no target is
 /// left).
 pub struct KitBuilder {
-    target: Option<String>,
-    targets: Option<Vec<String>>,
+    target: Option<Target>,
+    targets: Option<Vec<Target>>,
+    /// A discovery source of the user's.
+    discover: Option<Source>,
+    /// The user's layers inside every target's stack.
+    layers: PerTargetLayers,
     template: EndpointTemplate,
     health: Option<HealthConfig>,
     quarantine: Option<QuarantineConfig>,
@@ -58,6 +69,8 @@ pub struct KitBuilder {
     transparent_retry: bool,
     /// The kit's name in its spans and metrics (`grpc.target`); `None`: its target.
     name: Option<String>,
+    /// gRPC's service config, as JSON (read by `build`).
+    service_config: Option<String>,
 }
 
 impl fmt::Debug for KitBuilder {
@@ -65,6 +78,8 @@ impl fmt::Debug for KitBuilder {
         f.debug_struct("KitBuilder")
             .field("target", &self.target)
             .field("targets", &self.targets)
+            .field("discover", &self.discover.is_some())
+            .field("per_target_layers", &self.layers)
             .field("health", &self.health)
             .field("quarantine", &self.quarantine)
             .field("breaker", &self.breaker)
@@ -72,6 +87,7 @@ impl fmt::Debug for KitBuilder {
             .field("dns", &self.dns)
             .field("transparent_retry", &self.transparent_retry)
             .field("name", &self.name)
+            .field("service_config", &self.service_config)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +112,8 @@ impl KitBuilder {
         KitBuilder {
             target: None,
             targets: None,
+            discover: None,
+            layers: PerTargetLayers::default(),
             template: EndpointTemplate::new(),
             health: Some(HealthConfig::default()),
             quarantine: Some(QuarantineConfig::default()),
@@ -104,6 +122,7 @@ impl KitBuilder {
             dns: DnsSettings::default(),
             transparent_retry: true,
             name: None,
+            service_config: None,
         }
     }
 
@@ -114,22 +133,116 @@ impl KitBuilder {
     /// The target's name — in statuses, logs, metrics, [`Kit::card`] — is the address with its
     /// scheme and host lowercased. An address with user info (`http://user:secret@host:1`) is
     /// refused: the credentials would be in every one of those.
+    ///
+    /// A [`Target`] carries its own options too (its health service name); for a `dns:` name,
+    /// every address it resolves to shares them.
     #[must_use]
-    pub fn target(mut self, target: impl Into<String>) -> Self {
+    pub fn target(mut self, target: impl Into<Target>) -> Self {
         self.target = Some(target.into());
         self
     }
 
-    /// A fixed list of addresses. Exclusive with [`target`](Self::target). Two addresses that
+    /// A fixed list of addresses (strings, or [`Target`]s with their own options). Exclusive
+    /// with [`target`](Self::target) and [`discover`](Self::discover). Two addresses that
     /// differ only in the case of their scheme or host are the same target: refused as a
     /// duplicate.
     #[must_use]
     pub fn targets<I>(mut self, targets: I) -> Self
     where
         I: IntoIterator,
-        I::Item: Into<String>,
+        I::Item: Into<Target>,
     {
         self.targets = Some(targets.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Targets from a discovery source of your own — Kubernetes EndpointSlices, Consul, a
+    /// registry — as any [`tower::discover::Discover`] keyed by the target's URI (an address,
+    /// named as [`targets`](Self::targets) names it), whose inserted value is the target's
+    /// [`TargetOptions`] (or `()` for the defaults). A `Stream` of `Change`s is a `Discover`
+    /// once mapped to `Ok` (`stream.map(Ok::<_, Infallible>)`). Exclusive with
+    /// [`target`](Self::target) and [`targets`](Self::targets).
+    ///
+    /// The kit's discovery task applies each change as it comes: an `Insert` adds the target
+    /// as [`Kit::add_target`] would (a bad address is logged, naming it, and skipped; the same
+    /// target inserted again with other options replaces it); a `Remove` drains it — the
+    /// balancer stops picking it at once, calls in flight on it finish, then its connections
+    /// close. An error from the source is logged and the source polled again (after a short
+    /// wait, growing with errors in a row, at most 5 s); when the source ends, the targets stay
+    /// as they are. [`Kit::wait_until_ready`] waits for a first batch of changes. Targets are
+    /// not added or removed by hand on such a kit.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use grpc_client_kit::{Kit, TargetOptions};
+    /// use tower::discover::Change;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel::<Change<String, TargetOptions>>(16);
+    /// let changes = futures_util::stream::poll_fn(move |cx| {
+    ///     rx.poll_recv(cx).map(|change| change.map(Ok::<_, Infallible>))
+    /// });
+    /// let kit = Kit::builder().discover(changes).without_health().build()?;
+    /// tx.send(Change::Insert("http://127.0.0.1:50051".into(), TargetOptions::new())).await?;
+    /// # kit.wait_until_ready(std::time::Duration::from_secs(5)).await;
+    /// # assert_eq!(kit.targets().len(), 1);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn discover<D>(mut self, discover: D) -> Self
+    where
+        D: tower::discover::Discover + Send + 'static,
+        D::Key: AsRef<str>,
+        D::Service: Into<TargetOptions>,
+        D::Error: Into<BoxError>,
+    {
+        self.discover = Some(Source::new(discover));
+        self
+    }
+
+    /// Adds a tower layer of your own inside every target's stack: above the target's
+    /// transport (its channel, whose errors name the target), below the kit's gates — breaker,
+    /// quarantine, health — so that everything it returns is classified like any other outcome
+    /// of that target (an error it returns counts against the target's breaker and, if its
+    /// code is a quarantine code, quarantines it; a [`tonic::Status`] error keeps its code, any
+    /// other error counts as `UNAVAILABLE`). Each target gets its own instance
+    /// (`layer.layer(...)` once per target): a `ConcurrencyLimitLayer` limits each target on
+    /// its own.
+    ///
+    /// The layer wraps a [`TargetService`] (type-erased) and may return any service over it
+    /// whose response body carries `Bytes`. Called more than once, the first layer is the
+    /// outermost, as with `ServiceBuilder`. Without any, the stack is what it always was (no
+    /// box); with one, each call and response body of the layered part is boxed once.
+    ///
+    /// ```
+    /// use grpc_client_kit::Kit;
+    /// use tower::limit::ConcurrencyLimitLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let kit = Kit::builder()
+    ///     .targets(["http://127.0.0.1:50051", "http://127.0.0.1:50052"])
+    ///     .per_target_layer(ConcurrencyLimitLayer::new(64)) // 64 calls at once per target
+    ///     .build()?;
+    /// # let _ = kit;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn per_target_layer<L, B>(mut self, layer: L) -> Self
+    where
+        L: tower_layer::Layer<TargetService> + Send + Sync + 'static,
+        L::Service: tower_service::Service<Request, Response = http::Response<B>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as tower_service::Service<Request>>::Future: Send + 'static,
+        <L::Service as tower_service::Service<Request>>::Error: Into<BoxError>,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        self.layers.push(layer);
         self
     }
 
@@ -278,14 +391,95 @@ impl KitBuilder {
         self
     }
 
+    /// The channel described in gRPC's standard service config JSON — the document a team's
+    /// other gRPC clients already use (gRPC's `doc/service_config.md`): the load-balancing
+    /// policy (`loadBalancingConfig`, which sets the [`strategy`](Self::strategy)), the health
+    /// service name (`healthCheckConfig.serviceName`), and per method (`methodConfig`) its
+    /// `timeout`, `waitForReady`, `maxRequestMessageBytes` and `maxResponseMessageBytes`.
+    /// `retryPolicy`, `hedgingPolicy` and `retryThrottling` are read and validated (see
+    /// [`service_config`](crate::service_config)) but not applied yet. One call's
+    /// [`CallOptions`](crate::CallOptions) combine with its method's settings (as gRPC's
+    /// per-call options do). A `loadBalancingConfig` replaces the strategy, whichever was set
+    /// first; a `healthCheckConfig` sets the [`health`](Self::health) service name (ignored,
+    /// with a warning, when health checking is off).
+    ///
+    /// Read by [`build`](Self::build): invalid JSON or an invalid value fails it, naming the
+    /// JSON path and the value (`service_config.methodConfig[0].timeout = "abc": expected a
+    /// duration like "1.5s"`). Calling it again replaces the document.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use grpc_client_kit::Kit;
+    /// use test_backends::Backends;
+    /// use test_backends::pb::{Ping, test_service_client::TestServiceClient};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backends = Backends::start(2).await?;
+    /// let kit = Kit::builder()
+    ///     .targets(backends.uris())
+    ///     .service_config(r#"{
+    ///         "loadBalancingConfig": [{ "round_robin": {} }],
+    ///         "healthCheckConfig": { "serviceName": "" },
+    ///         "methodConfig": [{
+    ///             "name": [{ "service": "gck.test.v1.TestService", "method": "Unary" }],
+    ///             "timeout": "0.1s",
+    ///             "waitForReady": true
+    ///         }]
+    ///     }"#)
+    ///     .build()?;
+    /// assert!(kit.wait_until_ready(Duration::from_secs(5)).await);
+    /// let mut client = TestServiceClient::new(kit.channel());
+    /// client.unary(Ping::default()).await?;
+    ///
+    /// // No target serves: `Unary` waits for one (waitForReady), until its deadline (timeout).
+    /// for b in backends.iter() {
+    ///     b.set_serving(false).await;
+    ///     kit.checker().unwrap().check_now(&b.uri()).await?;
+    /// }
+    /// let status = client.unary(Ping::default()).await.unwrap_err();
+    /// assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+    /// assert!(status.message().ends_with("unhealthy (NOT_SERVING) (waited 0.1 s)"));
+    ///
+    /// let err = Kit::builder()
+    ///     .targets(backends.uris())
+    ///     .service_config(r#"{"methodConfig": [{"name": [{}], "timeout": "abc"}]}"#)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "invalid grpc-client-kit configuration: service_config.methodConfig[0].timeout = \
+    ///      \"abc\": expected a duration like \"1.5s\"",
+    /// );
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn service_config(mut self, json: impl Into<String>) -> Self {
+        self.service_config = Some(json.into());
+        self
+    }
+
     /// Validates everything, then starts the kit: the targets' channels (connected lazily), the
     /// health checker, the balancer's task and, for a DNS target, the resolver's task. On error
     /// nothing has started (no task, no connection, no probe).
     ///
     /// Must be called inside a tokio runtime (checked after the configuration).
-    pub fn build(self) -> Result<Kit, BuildError> {
+    pub fn build(mut self) -> Result<Kit, BuildError> {
         // 1. Validate everything; nothing below starts anything.
         let spec = self.target_spec()?;
+        let service_config = crate::service_config::for_kit(self.service_config.as_deref())?;
+        if let Some(service) = service_config
+            .as_ref()
+            .and_then(|c| c.health_check_service_name())
+        {
+            match self.health.take() {
+                Some(health) => self.health = Some(health.service(service)),
+                None => tracing::warn!(
+                    service,
+                    "service config: healthCheckConfig is ignored: health checking is off"
+                ),
+            }
+        }
         let name: Arc<str> = match &self.name {
             Some(name) => Arc::from(name.as_str()),
             None => spec.name(),
@@ -314,6 +508,9 @@ impl KitBuilder {
             .validate()
             .map_err(|e| e.within(crate::error::CONFIG, "breaker"))?;
         let mut balance = self.balance;
+        if let Some(policy) = service_config.as_ref().and_then(|c| c.load_balancing()) {
+            balance.strategy = crate::service_config::strategy(policy, &balance.strategy)?;
+        }
         if let Strategy::Weighted(weights) = &balance.strategy {
             balance.strategy = Strategy::Weighted(normalize_weights(weights, &spec)?);
         }
@@ -325,8 +522,8 @@ impl KitBuilder {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         #[cfg(feature = "dns")]
         let resolver = match &spec {
-            TargetSpec::Dns(target) => Some(crate::dns::resolver(target)?),
-            TargetSpec::Static(_) => None,
+            TargetSpec::Dns(target, _) => Some(crate::dns::resolver(target)?),
+            TargetSpec::Static(_) | TargetSpec::Discover => None,
         };
         let (changes_tx, changes_rx) = mpsc::channel(CHANGES_CAPACITY);
         // Every change of every target's card, from before the first target is added.
@@ -338,6 +535,7 @@ impl KitBuilder {
             breaker_enabled,
             own_connector: self.template.is_known(),
             observe: crate::observe::Observer::new(name),
+            layers: std::mem::take(&mut self.layers),
         };
         let registry = Arc::new(Registry::new(
             factory,
@@ -351,13 +549,13 @@ impl KitBuilder {
         match &spec {
             TargetSpec::Static(targets) => {
                 static_count = targets.len();
-                for (name, endpoint) in targets {
-                    let (insert, probe) = registry.prepare(name.clone(), endpoint)?;
+                for new in targets {
+                    let (insert, probe) = registry.prepare(new)?;
                     initial.push(insert);
                     probes.push(probe);
                 }
             }
-            TargetSpec::Dns(_) => static_count = 0,
+            TargetSpec::Dns(..) | TargetSpec::Discover => static_count = 0,
         }
         if let Some(checker) = &registry.checker {
             checker.start(probes).map_err(|e| {
@@ -378,10 +576,20 @@ impl KitBuilder {
             registry.factory.observe.metrics().clone(),
             balance.clone(),
         ));
+        let discovered = matches!(spec, TargetSpec::Discover);
         let (resolved, dns_name) = match spec {
             TargetSpec::Static(_) => (None, None),
+            TargetSpec::Discover => {
+                let source = self
+                    .discover
+                    .take()
+                    .expect("a discovery source for Discover");
+                let (tx, rx) = tokio::sync::watch::channel(false);
+                tasks.push(runtime.spawn(crate::discovery::run(source, registry.clone(), tx)));
+                (Some(rx), None)
+            }
             #[cfg(feature = "dns")]
-            TargetSpec::Dns(target) => {
+            TargetSpec::Dns(target, options) => {
                 let (tx, rx) = tokio::sync::watch::channel(false);
                 let name: Arc<str> = Arc::from(target.name());
                 let resolver = resolver.expect("resolver built for a DNS target");
@@ -392,17 +600,19 @@ impl KitBuilder {
                     registry.clone(),
                     state.clone(),
                     self.template.clone(),
+                    options,
                     tx,
                 )));
                 (Some(rx), Some(name))
             }
             #[cfg(not(feature = "dns"))]
-            TargetSpec::Dns(_) => unreachable!("refused without the dns feature"),
+            TargetSpec::Dns(..) => unreachable!("refused without the dns feature"),
         };
         drop(runtime);
         tracing::info!(
             targets = static_count,
             dns = dns_name.as_deref().unwrap_or(""),
+            discover = discovered,
             strategy,
             health = registry.checker.is_some(),
             "kit started"
@@ -415,17 +625,42 @@ impl KitBuilder {
                 tasks: Mutex::new(tasks),
                 resolved,
                 dns_name,
+                discovered,
                 transparent_retry: self.transparent_retry,
+                calls: service_config
+                    .as_ref()
+                    .filter(|c| c.applies_to_calls())
+                    .map(|c| Arc::new(c.clone())),
+                service_config: service_config.map(Arc::new),
             }),
         })
     }
 
     fn target_spec(&self) -> Result<TargetSpec, ConfigError> {
+        if self.discover.is_some() {
+            let (field, value) = match (&self.target, &self.targets) {
+                (Some(one), _) => ("target", format!("{:?}", one.uri())),
+                (None, Some(list)) => (
+                    "targets",
+                    format!("{:?}", list.iter().map(Target::uri).collect::<Vec<_>>()),
+                ),
+                (None, None) => return Ok(TargetSpec::Discover),
+            };
+            return Err(ConfigError::problem(
+                crate::error::CONFIG,
+                field,
+                value,
+                format!(
+                    "set either `discover` (a discovery source) or `{field}`, not both: the \
+                     source owns the set of targets"
+                ),
+            ));
+        }
         match (&self.target, &self.targets) {
             (Some(one), Some(_)) => Err(ConfigError::problem(
                 crate::error::CONFIG,
                 "target",
-                format!("{one:?}"),
+                format!("{:?}", one.uri()),
                 "set either `target` (one address or a `dns:` name) or `targets` (a list of \
                  addresses), not both",
             )),
@@ -433,18 +668,18 @@ impl KitBuilder {
                 crate::error::CONFIG,
                 "targets",
                 "",
-                "no target: set `target` (one address or a `dns:` name) or `targets` (a list \
-                 of addresses)",
+                "no target: set `target` (one address or a `dns:` name), `targets` (a list \
+                 of addresses) or `discover` (a discovery source)",
             )),
-            (Some(one), None) if one.starts_with("dns:") => {
-                let target = DnsTarget::parse(one)?;
+            (Some(one), None) if one.uri().starts_with("dns:") => {
+                let target = DnsTarget::parse(one.uri())?;
                 if cfg!(feature = "dns") {
-                    Ok(TargetSpec::Dns(target))
+                    Ok(TargetSpec::Dns(target, one.options().clone()))
                 } else {
                     Err(ConfigError::problem(
                         crate::error::CONFIG,
                         "target",
-                        format!("{one:?}"),
+                        format!("{:?}", one.uri()),
                         "DNS targets need the `dns` cargo feature of grpc-client-kit",
                     ))
                 }
@@ -465,51 +700,54 @@ impl KitBuilder {
                 let mut out = Vec::with_capacity(list.len());
                 for (i, t) in list.iter().enumerate() {
                     let field = format!("targets[{i}]");
-                    if t.starts_with("dns:") {
+                    if t.uri().starts_with("dns:") {
                         return Err(ConfigError::problem(
                             crate::error::CONFIG,
                             field,
-                            format!("{t:?}"),
+                            format!("{:?}", t.uri()),
                             "a `dns:` name goes in `target`, alone",
                         ));
                     }
-                    let (name, endpoint) = self.resolve_static(&field, t)?;
-                    if !seen.insert(name.clone()) {
+                    let new = self.resolve_static(&field, t)?;
+                    if !seen.insert(new.name.clone()) {
                         return Err(ConfigError::problem(
                             crate::error::CONFIG,
                             field,
-                            format!("{t:?}"),
-                            format!("{name} is listed twice"),
+                            format!("{:?}", t.uri()),
+                            format!("{} is listed twice", new.name),
                         ));
                     }
-                    out.push((name, endpoint));
+                    out.push(new);
                 }
                 Ok(TargetSpec::Static(out))
             }
         }
     }
 
-    fn resolve_static(&self, field: &str, t: &str) -> Result<(Arc<str>, Endpoint), ConfigError> {
-        resolve_address(&self.template, field, t)
+    fn resolve_static(&self, field: &str, t: &Target) -> Result<NewTarget, ConfigError> {
+        resolve_target(&self.template, field, t)
     }
 }
 
 /// Targets as written by the user, resolved.
 enum TargetSpec {
-    Static(Vec<(Arc<str>, Endpoint)>),
+    Static(Vec<NewTarget>),
     #[cfg_attr(not(feature = "dns"), allow(dead_code))]
-    Dns(DnsTarget),
+    Dns(DnsTarget, TargetOptions),
+    /// From the builder's discovery source.
+    Discover,
 }
 
 impl TargetSpec {
-    /// The kit's default name: the `dns:` URI, or the addresses joined with `,`.
+    /// The kit's default name: the `dns:` URI, the addresses joined with `,`, or `discover`.
     fn name(&self) -> Arc<str> {
         match self {
             TargetSpec::Static(list) => {
-                let names: Vec<&str> = list.iter().map(|(name, _)| &**name).collect();
+                let names: Vec<&str> = list.iter().map(|new| &*new.name).collect();
                 Arc::from(names.join(","))
             }
-            TargetSpec::Dns(target) => Arc::from(target.name()),
+            TargetSpec::Dns(target, _) => Arc::from(target.name()),
+            TargetSpec::Discover => Arc::from("discover"),
         }
     }
 }
@@ -526,7 +764,7 @@ fn normalize_weights(weights: &Weights, spec: &TargetSpec) -> Result<Weights, Co
         };
         if let TargetSpec::Static(list) = spec
             && !name.is_empty()
-            && !list.iter().any(|(n, _)| **n == *name)
+            && !list.iter().any(|new| *new.name == *name)
         {
             return Err(ConfigError::problem(
                 crate::error::CONFIG,

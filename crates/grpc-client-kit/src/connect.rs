@@ -18,10 +18,11 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use endpoint_state::transport::CLOSED_BEFORE_SERVER_SPOKE;
+use endpoint_state::transport::{CLOSED_BEFORE_SERVER_SPOKE, redirect_uri};
 use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -30,15 +31,22 @@ use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 use tower_service::Service;
 
-/// A lazily connected channel to `endpoint`, through [`Connector`].
-pub(crate) fn channel(endpoint: &Endpoint) -> Channel {
-    endpoint.connect_with_connector_lazy(Connector::for_endpoint(endpoint))
+use crate::error::BoxError;
+
+/// A lazily connected channel to `endpoint` (to `address` instead of the endpoint's host, when
+/// given), through [`Connector`].
+pub(crate) fn channel(endpoint: &Endpoint, address: Option<SocketAddr>) -> Channel {
+    let mut connector = Connector::for_endpoint(endpoint);
+    connector.address = address;
+    endpoint.connect_with_connector_lazy(connector)
 }
 
 /// tonic's TCP connector with the endpoint's settings; its connections are [`Watched`].
 #[derive(Clone, Debug)]
 pub(crate) struct Connector {
     http: HttpConnector,
+    /// Where connections go instead of the endpoint's host (a resolved `dns:` address).
+    address: Option<SocketAddr>,
 }
 
 impl Connector {
@@ -51,7 +59,10 @@ impl Connector {
         http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
         http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
         http.set_connect_timeout(endpoint.get_connect_timeout());
-        Connector { http }
+        Connector {
+            http,
+            address: None,
+        }
     }
 }
 
@@ -67,6 +78,10 @@ impl Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Connecting {
+        let uri = match self.address {
+            Some(address) => redirect_uri(&uri, address),
+            None => uri,
+        };
         let connecting = self.http.call(uri);
         Box::pin(async move {
             let stream = connecting.await.map_err(into_io)?.into_inner();
@@ -194,5 +209,113 @@ impl AsyncWrite for Watched {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// A user's connector, its type erased ([`EndpointTemplate::from_connector_fn`]): a cloneable
+/// service from the URI tonic asks for to a connection.
+///
+/// [`EndpointTemplate::from_connector_fn`]: crate::EndpointTemplate::from_connector_fn
+pub(crate) type BoxConnector = tower::util::BoxCloneSyncService<Uri, BoxIo, BoxError>;
+
+/// Erases `connector` (one box per connection made, none per call).
+pub(crate) fn box_connector<C>(connector: C) -> BoxConnector
+where
+    C: Service<Uri> + Clone + Send + Sync + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    tower::util::BoxCloneSyncService::new(Erased(connector))
+}
+
+/// `connector`, asked for `address` instead of the endpoint's host when given.
+pub(crate) fn redirected(connector: BoxConnector, address: Option<SocketAddr>) -> BoxConnector {
+    match address {
+        None => connector,
+        Some(address) => tower::util::BoxCloneSyncService::new(tower::util::MapRequest::new(
+            connector,
+            move |uri: Uri| redirect_uri(&uri, address),
+        )),
+    }
+}
+
+#[derive(Clone)]
+struct Erased<C>(C);
+
+impl<C> Service<Uri> for Erased<C>
+where
+    C: Service<Uri>,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = BoxIo;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<BoxIo, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            let io = connecting.await.map_err(Into::into)?;
+            Ok(BoxIo(Box::new(io)))
+        })
+    }
+}
+
+trait Io: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static {}
+
+impl<T: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static> Io for T {}
+
+/// A connection from a user's connector, its type erased.
+pub(crate) struct BoxIo(Box<dyn Io>);
+
+impl std::fmt::Debug for BoxIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoxIo").finish_non_exhaustive()
+    }
+}
+
+impl hyper::rt::Read for BoxIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for BoxIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write_vectored(cx, bufs)
     }
 }

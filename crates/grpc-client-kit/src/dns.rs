@@ -4,8 +4,19 @@
 //! `dns:///billing.default.svc.cluster.local:50051` (a Kubernetes headless service, resolved by
 //! the system's resolver) or `dns://10.0.0.2:53/billing.internal:50051` (a given nameserver).
 //! The port defaults to 443. Every address the name resolves to (A and AAAA records) becomes a
-//! target `http://ADDRESS:PORT` (`https` with [`DnsSettings::scheme`]), built with the kit's
-//! endpoint template and health-checked like any other.
+//! target `http://ADDRESS:PORT` (`https` with [`DnsSettings::scheme`]), health-checked like any
+//! other.
+//!
+//! **The name stays the server's name**, as in gRPC: each address's endpoint is built by the
+//! kit's endpoint template from the *name* — `http://HOST:PORT` — and only its connections go
+//! to the address. So every call (and every probe) sends `:authority: HOST:PORT`, and over TLS
+//! the server is verified as `HOST` (tonic takes the server name from the endpoint's URI when
+//! its `ClientTlsConfig` sets no `domain_name`): a certificate for the name works, with no
+//! `domain_name` to set. A template's own `origin` or `domain_name` still wins. Connections to
+//! the address are made by the kit's TCP connector (which applies the endpoint's TCP settings
+//! but cannot read back an `Endpoint::local_address`), or by the template's connector, asked
+//! for the address in place of the host
+//! ([`EndpointTemplate::from_connector_fn`](crate::EndpointTemplate::from_connector_fn)).
 //!
 //! The name is resolved again when the answer's TTL runs out — never sooner than
 //! [`min_refresh`](DnsSettings::min_refresh) (at least 1 s) nor later than
@@ -280,6 +291,16 @@ pub(crate) fn target_uri(scheme: &str, addr: SocketAddr) -> Arc<str> {
     Arc::from(format!("{scheme}://{addr}"))
 }
 
+/// The URI every address of `target` is built from: the name itself (`scheme://HOST:PORT`).
+#[cfg(feature = "dns")]
+pub(crate) fn host_uri(scheme: &str, target: &DnsTarget) -> String {
+    if target.host.contains(':') {
+        format!("{scheme}://[{}]:{}", target.host, target.port)
+    } else {
+        format!("{scheme}://{}:{}", target.host, target.port)
+    }
+}
+
 #[cfg(feature = "dns")]
 pub(crate) use running::{resolver, run};
 
@@ -295,8 +316,10 @@ mod running {
     use hickory_resolver::net::runtime::TokioRuntimeProvider;
     use tokio::sync::watch;
 
+    use crate::builder::resolved_address;
     use crate::life::KitState;
     use crate::registry::Registry;
+    use crate::target::TargetOptions;
     use crate::template::EndpointTemplate;
 
     pub(crate) type Resolver = hickory_resolver::TokioResolver;
@@ -351,6 +374,7 @@ mod running {
         registry: Arc<Registry>,
         state: Arc<KitState>,
         template: EndpointTemplate,
+        options: TargetOptions,
         resolved: watch::Sender<bool>,
     ) {
         let mut failures: u32 = 0;
@@ -383,6 +407,7 @@ mod running {
                         &settings,
                         &registry,
                         &template,
+                        &options,
                         &addrs,
                         &mut answers,
                     )
@@ -495,21 +520,25 @@ mod running {
         settings: &DnsSettings,
         registry: &Registry,
         template: &EndpointTemplate,
+        options: &TargetOptions,
         addrs: &BTreeSet<SocketAddr>,
         answers: &mut Answers,
     ) {
-        let answer: BTreeSet<Arc<str>> = addrs
+        let by_name: HashMap<Arc<str>, SocketAddr> = addrs
             .iter()
-            .map(|a| target_uri(&settings.scheme, *a))
+            .map(|a| (target_uri(&settings.scheme, *a), *a))
             .collect();
+        let answer: BTreeSet<Arc<str>> = by_name.keys().cloned().collect();
         let plan = answers.plan(target, &registry.names(), answer, settings.max_addresses);
         for name in &plan.remove {
             registry.remove(name).await;
         }
+        let host_uri = host_uri(&settings.scheme, target);
         for name in plan.add {
-            match template.endpoint(&name) {
-                Ok(endpoint) => {
-                    registry.add(name, &endpoint).await;
+            let address = by_name[&name];
+            match resolved_address(template, name.clone(), &host_uri, address, options) {
+                Ok(new) => {
+                    registry.add(new).await;
                 }
                 Err(error) => {
                     tracing::warn!(name = %target, backend = %name, %error, "the endpoint template refused a resolved address");

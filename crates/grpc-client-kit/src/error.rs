@@ -11,6 +11,7 @@
 //! | a transport error on the chosen target (refused, reset, ...) | [`TransportError`] | `UNAVAILABLE` (`DEADLINE_EXCEEDED` for a local timeout) |
 //! | the target answered with something that is not gRPC (a proxy's HTML page, a `503` without `grpc-status`) | [`NotGrpcResponse`] | gRPC's mapping of the HTTP status: `UNKNOWN` for 200, `UNAVAILABLE` for 502/503/504, ... |
 //! | the call's deadline passed inside the kit (connecting, waiting for headers, reading the body) | [`DeadlineExceeded`] | `DEADLINE_EXCEEDED` |
+//! | the server answered `CANCELLED` once the call's deadline had passed (it gave up as the deadline ran out) | the server's status, rewritten | `DEADLINE_EXCEEDED` (a `CANCELLED` before the deadline stays) |
 //! | the kit was shut down | [`KitShutDown`] | `UNAVAILABLE` |
 //!
 //! Each is a typed error whose [`source`](Error::source) is the matching [`Status`]: tonic finds
@@ -127,7 +128,14 @@ impl TransportError {
             Code::Unavailable
         };
         let cause: Arc<dyn Error + Send + Sync + 'static> = Arc::from(error);
-        let mut status = Status::new(code, format!("{target}: {}", call.message));
+        let message = if code == Code::DeadlineExceeded {
+            // tonic's own timer (an endpoint `timeout`, or the call's deadline) fired: say so,
+            // not "transport error".
+            format!("{target}: deadline exceeded ({})", call.message)
+        } else {
+            format!("{target}: {}", call.message)
+        };
+        let mut status = Status::new(code, message);
         status.set_source(cause.clone());
         Box::new(TransportError {
             target: target.clone(),

@@ -16,6 +16,7 @@ use tokio::time::Sleep;
 use tonic::Status;
 use tower_service::Service;
 
+use crate::call_options::Limits;
 use crate::error::{BoxError, DiscoveryFailed, KitShutDown, TransportError};
 use crate::life::{KitState, Life};
 use crate::observe::CallGuard;
@@ -38,6 +39,9 @@ pin_project! {
         timer: Option<Sleep>,
         // The call's span and metrics: handed to the body with the response.
         trace: CallGuard,
+        // The call's message size limits (a service config's, or its `CallOptions`'): handed
+        // to the body with the response.
+        limits: Option<Box<Limits>>,
     }
 }
 
@@ -78,6 +82,7 @@ impl ResponseFuture {
         retry: Option<Unsent>,
         deadline: Option<Deadline>,
         trace: CallGuard,
+        limits: Option<Box<Limits>>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -88,6 +93,7 @@ impl ResponseFuture {
             deadline,
             timer: None,
             trace,
+            limits,
         }
     }
 
@@ -98,6 +104,7 @@ impl ResponseFuture {
         retry: Option<Unsent>,
         deadline: Option<Deadline>,
         trace: CallGuard,
+        limits: Option<Box<Limits>>,
     ) -> Self {
         let waiting = Waiting {
             balance,
@@ -113,6 +120,7 @@ impl ResponseFuture {
             deadline,
             timer: None,
             trace,
+            limits,
         }
     }
 
@@ -122,6 +130,7 @@ impl ResponseFuture {
             deadline: None,
             timer: None,
             trace,
+            limits: None,
         }
     }
 }
@@ -149,6 +158,12 @@ impl Future for ResponseFuture {
         // itself goes to the body with the response).
         let held = this.trace.trace().cloned();
         let _entered = held.as_ref().map(|t| t.span().enter());
+        // The request had a message over its limit: the call ends here, the attempt below is
+        // dropped (no target is blamed for it).
+        if let Some(status) = this.limits.as_deref().and_then(|l| l.request_refused(cx)) {
+            this.state.set(State::Refused { error: None });
+            return failed(this.trace, Box::new(status));
+        }
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Called {
@@ -160,10 +175,18 @@ impl Future for ResponseFuture {
                         // The call is answered: nothing will be sent again.
                         drop(retry.take());
                         let trace = this.trace.take();
+                        let limits = this.limits.take();
                         return Poll::Ready(Ok(response.map(|inner| ResponseBody {
                             inner: Some(inner),
                             trace,
+                            limits,
                         })));
+                    }
+                    Err(_)
+                        if let Some(status) =
+                            this.limits.as_deref().and_then(|l| l.request_refused(cx)) =>
+                    {
+                        return failed(this.trace, Box::new(status));
                     }
                     Err(e) => {
                         let again = retry.take().and_then(|r| r.again(&*e));
@@ -228,6 +251,9 @@ impl Future for ResponseFuture {
                             return failed(this.trace, waiting.exceeded(deadline));
                         }
                         request.set_time_budget(left);
+                        // The target's leaf holds the same deadline, and names the budget the
+                        // caller gave (not what was left when the call reached it).
+                        request.extensions_mut().insert(*deadline);
                     }
                     this.trace.attach(&mut request);
                     State::Called {
@@ -335,6 +361,8 @@ pin_project! {
         // The call's trace, when its status is still to come: dropped before, the call was
         // cancelled.
         trace: CallGuard,
+        // The call's message size limits, if it has any.
+        limits: Option<Box<Limits>>,
     }
 }
 
@@ -353,12 +381,38 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = self.project();
-        let _entered = this.trace.enter();
-        match this.inner.as_pin_mut() {
-            Some(inner) => inner.poll_frame(cx),
-            None => Poll::Ready(None),
-        }
+        let mut this = self.project();
+        let entered = this.trace.enter();
+        let Some(limits) = this.limits.as_deref_mut() else {
+            return match this.inner.as_pin_mut() {
+                Some(inner) => inner.poll_frame(cx),
+                None => Poll::Ready(None),
+            };
+        };
+        let over = match limits.request_refused(cx) {
+            Some(status) => status,
+            None => {
+                let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+                    return Poll::Ready(None);
+                };
+                let frame = ready!(inner.poll_frame(cx));
+                let over = match &frame {
+                    Some(Ok(f)) => f.data_ref().and_then(|data| limits.check_response(data)),
+                    _ => None,
+                };
+                match over {
+                    Some(status) => status,
+                    None => return Poll::Ready(frame),
+                }
+            }
+        };
+        // A message over a limit: the body ends with it, and what is left of the response is
+        // dropped unread (which blames no target).
+        this.inner.set(None);
+        *this.limits = None;
+        drop(entered);
+        this.trace.end(over.code());
+        Poll::Ready(Some(Err(over)))
     }
 
     #[inline]

@@ -163,4 +163,13 @@ impl Kit {
     pub fn quarantine(&self) -> &QuarantineGroup {
         &self.life.registry.factory.group
     }
+
+    /// The service config the kit was built with ([`KitBuilder::service_config`]), parsed:
+    /// its retry and hedging policies and retry throttling, which the kit does not apply yet,
+    /// are read from here.
+    ///
+    /// [`KitBuilder::service_config`]: crate::KitBuilder::service_config
+    pub fn service_config(&self) -> Option<&crate::service_config::ServiceConfig> {
+        self.life.service_config.as_deref()
+    }
 }

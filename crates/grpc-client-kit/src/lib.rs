@@ -52,6 +52,9 @@
 //! # Example
 //!
 //! Three local test servers; the kit with `Watch` health checking; a generated client.
+//! (`test_backends` is this repository's crate of test servers, which is not published: it
+//! lets the example run as a test, against servers whose health it can change and whose calls
+//! it can count. In your code, the addresses are your servers' and the client your own.)
 //!
 //! ```
 //! use std::time::Duration;
@@ -121,7 +124,7 @@
 //!
 //! # Cargo features
 //!
-//! `full` (the default) is `kit`, `dns` and `toml`. `health`, `quarantine`, `breaker` and
+//! `full` (the default) is `kit`, `dns`, `toml` and `http-probe` (health-layer's HTTP probe). `health`, `quarantine`, `breaker` and
 //! `balance` each re-export their crate under the same name; `kit` (which takes all four) is
 //! the kit itself ([`Kit`], [`KitBuilder`], [`KitConfig`], [`KitChannel`]). `dns` enables `dns:` targets
 //! (hickory-resolver), `toml` [`KitConfig::from_toml`]. `metrics` (off by default) adds the
@@ -147,9 +150,13 @@ pub use quarantine_layer as quarantine;
 #[cfg(feature = "kit")]
 mod builder;
 #[cfg(feature = "kit")]
+mod call_options;
+#[cfg(feature = "kit")]
 mod config;
 #[cfg(feature = "kit")]
 mod connect;
+#[cfg(feature = "kit")]
+mod discovery;
 #[cfg(feature = "kit")]
 pub mod dns;
 #[cfg(feature = "kit")]
@@ -165,18 +172,26 @@ pub mod metrics;
 #[cfg(feature = "kit")]
 mod observe;
 #[cfg(feature = "kit")]
+mod per_target;
+#[cfg(feature = "kit")]
 mod registry;
 #[cfg(feature = "kit")]
 mod retry;
 #[cfg(feature = "kit")]
 mod service;
 #[cfg(feature = "kit")]
+pub mod service_config;
+#[cfg(feature = "kit")]
 mod stack;
+#[cfg(feature = "kit")]
+mod target;
 #[cfg(feature = "kit")]
 mod template;
 
 #[cfg(feature = "kit")]
 pub use builder::KitBuilder;
+#[cfg(feature = "kit")]
+pub use call_options::CallOptions;
 #[cfg(feature = "kit")]
 pub use config::KitConfig;
 #[cfg(feature = "kit")]
@@ -186,6 +201,10 @@ pub use error::{BuildError, InvalidConfig};
 #[cfg(feature = "kit")]
 pub use kit::Kit;
 #[cfg(feature = "kit")]
+pub use per_target::TargetService;
+#[cfg(feature = "kit")]
 pub use service::KitChannel;
+#[cfg(feature = "kit")]
+pub use target::{Target, TargetOptions};
 #[cfg(feature = "kit")]
 pub use template::{EndpointSettings, EndpointTemplate};

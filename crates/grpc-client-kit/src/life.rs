@@ -117,8 +117,14 @@ pub(crate) struct Life {
     /// `Some` for a DNS target: becomes `true` after the first successful resolution.
     pub(crate) resolved: Option<watch::Receiver<bool>>,
     pub(crate) dns_name: Option<Arc<str>>,
+    /// Whether the targets come from a discovery source (`KitBuilder::discover`).
+    pub(crate) discovered: bool,
     /// Whether a call no backend acted on is sent again to another target.
     pub(crate) transparent_retry: bool,
+    /// The service config, when its methods have settings the kit applies to calls.
+    pub(crate) calls: Option<Arc<crate::service_config::ServiceConfig>>,
+    /// The service config as given (for [`Kit::service_config`](crate::Kit::service_config)).
+    pub(crate) service_config: Option<Arc<crate::service_config::ServiceConfig>>,
 }
 
 impl Drop for Life {

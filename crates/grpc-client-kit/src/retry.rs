@@ -8,12 +8,13 @@
 //! once per call.
 //!
 //! To have the request again, [`Unsent::split`] keeps the request's head (its headers cloned,
-//! its extensions moved: nothing below the kit's channel reads them) and sends the body down
-//! inside a [`Handoff`], which keeps what it passes on (the data frames, shared, not copied; up
-//! to [`REPLAY_LIMIT`] bytes) and, when dropped, gives back the body: unread, or as what was
-//! read plus what was not. (A backend that refuses a stream with `REFUSED_STREAM` did not
-//! process it either; those are retried too.) A call is retried only when both hold: its error
-//! proves the backend did not act on it, and its body came back.
+//! its extensions moved — but for the two the balancer reads, `WaitForReady` and
+//! `RequestHash`, which are copied) and sends the body down inside a [`Handoff`], which keeps
+//! what it passes on (the data frames, shared, not copied; up to [`REPLAY_LIMIT`] bytes) and,
+//! when dropped, gives back the body: unread, or as what was read plus what was not. (A backend
+//! that refuses a stream with `REFUSED_STREAM` did not process it either; those are retried
+//! too.) A call is retried only when both hold: its error proves the backend did not act on
+//! it, and its body came back.
 //!
 //! Where the body comes back is a slot of the channel handle's [`Retrier`], reused call after
 //! call while no earlier call of the handle still holds it: the common path allocates only
@@ -186,13 +187,22 @@ impl Unsent {
     ) -> (Request, Unsent) {
         let (mut parts, body) = req.into_parts();
         let shared = retrier.shared(life);
+        let extensions = std::mem::take(&mut parts.extensions);
+        // The extensions the balancer reads on the request itself go down with it: the
+        // call's wait-for-ready, and its hash for `ring_hash`.
+        if let Some(wait) = extensions.get::<balance_layer::WaitForReady>() {
+            parts.extensions.insert(*wait);
+        }
+        if let Some(hash) = extensions.get::<balance_layer::RequestHash>() {
+            parts.extensions.insert(*hash);
+        }
         let unsent = Unsent {
             head: Some(Head {
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
                 version: parts.version,
                 headers: parts.headers.clone(),
-                extensions: std::mem::take(&mut parts.extensions),
+                extensions,
             }),
             shared: Arc::clone(&shared),
         };

@@ -112,8 +112,11 @@ impl Service<Request> for KitChannel {
     }
 
     #[inline]
-    fn call(&mut self, req: Request) -> ResponseFuture {
+    fn call(&mut self, mut req: Request) -> ResponseFuture {
         let next = std::mem::replace(&mut self.next, Next::Unready);
+        // The call's options and its method's settings (deadline, wait-for-ready, message
+        // limits), applied before anything else reads the request.
+        let limits = crate::call_options::prepare(&mut req, self.life.calls.as_deref());
         let trace = CallGuard::new(self.life.registry.factory.observe.call(&req));
         if next == Next::Refuse {
             return ResponseFuture::refused(Box::new(KitShutDown::new()), trace);
@@ -128,13 +131,13 @@ impl Service<Request> for KitChannel {
                 let mut req = req;
                 trace.attach(&mut req);
                 let inner = trace.in_span(|| self.balance.call(req));
-                return ResponseFuture::called(inner, notes, None, None, trace);
+                return ResponseFuture::called(inner, notes, None, None, trace, limits);
             }
             let deadline = Deadline::of(&req);
             let (mut req, unsent) = Unsent::split(req, &mut self.retrier, &self.life);
             trace.attach(&mut req);
             let inner = trace.in_span(|| self.balance.call(req));
-            return ResponseFuture::called(inner, notes, Some(unsent), deadline, trace);
+            return ResponseFuture::called(inner, notes, Some(unsent), deadline, trace, limits);
         }
         // The balancer handle, waiting on the targets it tried, goes with the call; this
         // handle starts afresh.
@@ -146,6 +149,14 @@ impl Service<Request> for KitChannel {
         } else {
             (req, None)
         };
-        ResponseFuture::waiting(balance, req, self.life.clone(), unsent, deadline, trace)
+        ResponseFuture::waiting(
+            balance,
+            req,
+            self.life.clone(),
+            unsent,
+            deadline,
+            trace,
+            limits,
+        )
     }
 }

@@ -23,13 +23,15 @@ use pin_project_lite::pin_project;
 use quarantine_layer::{Quarantine, QuarantineGroup};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tower::discover::Change;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::{BoxError, DeadlineExceeded, TransportError};
+use crate::per_target::{PerTargetLayers, Transport, TransportBody};
+use crate::registry::NewTarget;
 
 /// What a generated tonic client sends.
 pub(crate) type Request = http::Request<tonic::body::Body>;
@@ -41,12 +43,13 @@ pub(crate) type Leaf = crate::observe::Observed<Labeled<Channel>>;
 pub(crate) type LeafBody =
     ClassifiedBody<LabeledBody<tonic::body::Body>, crate::observe::AttemptEnd>;
 
-/// One target's whole stack, as the balancer holds it.
-pub(crate) type Stack = Health<Quarantine<Breaker<Leaf>>>;
+/// One target's whole stack, as the balancer holds it: its gates over its transport (the leaf,
+/// under the user's per-target layers if any: [`crate::per_target`]).
+pub(crate) type Stack = Health<Quarantine<Breaker<Transport>>>;
 
 /// The response body of a stack.
 pub(crate) type StackBody = quarantine_layer::future::ResponseBody<
-    ClassifiedBody<LeafBody, breaker_layer::future::Recorder>,
+    ClassifiedBody<TransportBody, breaker_layer::future::Recorder>,
 >;
 
 /// A change of the target set, as the balancer takes it.
@@ -181,7 +184,12 @@ where
 
     #[inline]
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let deadline = Deadline::of(&req);
+        // The deadline the kit's channel read when the call entered it, or the request's own.
+        let deadline = req
+            .extensions()
+            .get::<Deadline>()
+            .copied()
+            .or_else(|| Deadline::of(&req));
         LabeledFuture {
             inner: self.inner.call(req),
             link: Some(self.link.clone()),
@@ -237,6 +245,10 @@ where
                     return Poll::Ready(Err(Box::new(not_grpc)));
                 }
                 let deadline = *this.deadline;
+                let mut response = response;
+                if let Some(deadline) = &deadline {
+                    cancelled_at_deadline(&link.target, deadline, response.headers_mut());
+                }
                 Ok(response.map(|inner| LabeledBody {
                     inner,
                     link,
@@ -312,6 +324,14 @@ where
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(relabel(this.link, status)))),
+            Poll::Ready(Some(Ok(mut frame))) => {
+                if let Some(deadline) = this.deadline
+                    && let Some(trailers) = frame.trailers_mut()
+                {
+                    cancelled_at_deadline(&this.link.target, deadline, trailers);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
             Poll::Pending => {
                 if let Some(deadline) = this.deadline
                     && expired(this.timer.as_mut(), deadline, cx)
@@ -337,6 +357,34 @@ where
         self.inner.size_hint()
     }
 }
+
+/// A server's `CANCELLED` that arrives once the call's deadline has passed is the deadline's
+/// doing — the server gave up as the deadline it was sent ran out (tonic's server answers so) —
+/// and the caller sees `DEADLINE_EXCEEDED`, as it would had the kit's own timer fired first:
+/// which of the two comes first is a race the caller should not see. A `CANCELLED` before the
+/// deadline is the server's own, and stays.
+fn cancelled_at_deadline(target: &str, deadline: &Deadline, headers: &mut http::HeaderMap) {
+    if headers.get(&GRPC_STATUS).map(http::HeaderValue::as_bytes) != Some(b"1")
+        || !deadline.left().is_zero()
+    {
+        return;
+    }
+    let said = tonic::Status::from_header_map(headers)
+        .map(|s| s.message().to_owned())
+        .unwrap_or_default();
+    let status = Status::deadline_exceeded(format!(
+        "deadline exceeded after {}: {target} cancelled the call as it ran out ({said})",
+        Waited(deadline.budget)
+    ));
+    headers.remove(&GRPC_STATUS);
+    headers.remove(&GRPC_MESSAGE);
+    // Fails only on a message that cannot be encoded, which this one (our words and the
+    // server's, already decoded from a header) always can.
+    let _ = status.add_header(headers);
+}
+
+static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 
 /// An error while the body is read names the target; a reset the server sent keeps the code
 /// gRPC maps it to, any other transport failure (a connection reset, an h2 protocol error) is
@@ -383,44 +431,61 @@ pub(crate) struct StackFactory {
     pub(crate) own_connector: bool,
     /// The kit's span and metrics of calls (`crate::observe`).
     pub(crate) observe: crate::observe::Observer,
+    /// The user's layers, inside every target's gates.
+    pub(crate) layers: PerTargetLayers,
 }
 
 impl fmt::Debug for StackFactory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StackFactory")
             .field("breaker_enabled", &self.breaker_enabled)
+            .field("layers", &self.layers)
             .finish_non_exhaustive()
     }
 }
 
 impl StackFactory {
-    /// Builds the stack of `target` over a lazily connected channel from `endpoint` (this
-    /// spawns the channel's worker: call it only once everything is validated).
+    /// Builds the stack of `new` over a lazily connected channel (this spawns the channel's
+    /// worker: call it only once everything is validated).
     pub(crate) fn make(
         &self,
-        target: &Arc<str>,
-        endpoint: &Endpoint,
+        new: &NewTarget,
         card: &EndpointCard,
     ) -> Result<(Stack, BreakerHandle), ConfigError> {
+        let target = &new.name;
         let breaker = BreakerLayer::new(card.clone(), self.breaker.clone())
             .map_err(|e| e.within(crate::error::CONFIG, "breaker"))?;
         let handle = breaker.handle();
         if !self.breaker_enabled {
             handle.disable();
         }
-        let channel = if self.own_connector {
-            crate::connect::channel(endpoint)
-        } else {
-            endpoint.connect_lazy()
-        };
+        let channel = channel(new, self.own_connector);
         let leaf = self
             .observe
             .leaf(Labeled::new(channel, target.clone()), target, card);
+        let transport = self.layers.transport(leaf);
         let stack = Health::new(
-            self.group.layer(card.clone()).layer(breaker.layer(leaf)),
+            self.group
+                .layer(card.clone())
+                .layer(breaker.layer(transport)),
             card.clone(),
         );
         Ok((stack, handle))
+    }
+}
+
+/// A target's application channel, lazily connected: through the user's connector when its
+/// template has one; through the kit's own ([`crate::connect`]) when the kit knows every
+/// setting of the endpoint, or the connection must go to a resolved address rather than the
+/// endpoint's host (a `dns:` target); otherwise through tonic's.
+fn channel(new: &NewTarget, own_connector: bool) -> Channel {
+    match (&new.connector, new.address) {
+        (Some(connector), address) => new
+            .endpoint
+            .connect_with_connector_lazy(crate::connect::redirected(connector.clone(), address)),
+        (None, Some(address)) => crate::connect::channel(&new.endpoint, Some(address)),
+        (None, None) if own_connector => crate::connect::channel(&new.endpoint, None),
+        (None, None) => new.endpoint.connect_lazy(),
     }
 }
 
@@ -460,5 +525,54 @@ impl Stream for KitDiscover {
             return Poll::Ready(Some(Ok(change)));
         }
         self.changes.poll_recv(cx).map(|c| c.map(Ok))
+    }
+}
+
+#[cfg(test)]
+mod cancelled_tests {
+    use super::*;
+
+    fn cancelled() -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        Status::cancelled("Timeout expired")
+            .add_header(&mut headers)
+            .unwrap();
+        headers
+    }
+
+    fn code(headers: &http::HeaderMap) -> Code {
+        Status::from_header_map(headers).unwrap().code()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_servers_cancelled_is_its_own_until_the_deadline_has_passed() {
+        let deadline = Deadline {
+            at: Instant::now() + Duration::from_millis(300),
+            budget: Duration::from_millis(300),
+        };
+        // Before the deadline: the server's own word.
+        let mut before = cancelled();
+        cancelled_at_deadline("http://b0:1", &deadline, &mut before);
+        assert_eq!(code(&before), Code::Cancelled);
+
+        // Once it has passed: the deadline's doing.
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let mut after = cancelled();
+        cancelled_at_deadline("http://b0:1", &deadline, &mut after);
+        let status = Status::from_header_map(&after).unwrap();
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        assert_eq!(
+            status.message(),
+            "deadline exceeded after 300 ms: http://b0:1 cancelled the call as it ran out \
+             (Timeout expired)"
+        );
+
+        // Any other status passes untouched.
+        let mut unavailable = http::HeaderMap::new();
+        Status::unavailable("down")
+            .add_header(&mut unavailable)
+            .unwrap();
+        cancelled_at_deadline("http://b0:1", &deadline, &mut unavailable);
+        assert_eq!(code(&unavailable), Code::Unavailable);
     }
 }

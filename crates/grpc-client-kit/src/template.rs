@@ -9,9 +9,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use tonic::transport::Endpoint;
 
+use crate::connect::{BoxConnector, box_connector};
 use crate::error::BoxError;
 
-type TemplateFn = dyn Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static;
+/// What a template makes of a URI: the endpoint, and the user's connector if it has one.
+type TemplateFn =
+    dyn Fn(&str) -> Result<(Endpoint, Option<BoxConnector>), BoxError> + Send + Sync + 'static;
 
 /// Turns a target's URI (`http://10.0.0.7:50051`) into the tonic [`Endpoint`] its channels are
 /// built from: TLS, origin, user agent, timeouts, keep-alive.
@@ -78,7 +81,62 @@ impl EndpointTemplate {
         F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
     {
         EndpointTemplate {
-            f: Arc::new(f),
+            f: Arc::new(move |uri: &str| Ok((f(uri)?, None))),
+            known: false,
+        }
+    }
+
+    /// A template whose targets are connected by a connector of your own — a Unix socket, an
+    /// in-memory transport, a proxy, a tunnel: for each target's URI, its endpoint (TLS,
+    /// origin, timeouts, HTTP/2 settings, as for [`from_fn`](Self::from_fn)) and the connector
+    /// that makes its connections, as tonic's
+    /// [`Endpoint::connect_with_connector_lazy`] takes them.
+    ///
+    /// The connector is used for the target's application channel **and** for its health
+    /// probe connections (each a connection of its own, as always), so a probe reaches the
+    /// backend exactly as calls do. tonic calls it with the endpoint's URI (and puts TLS on
+    /// top of the connection for an `https` URI); for a `dns:` target, with the resolved
+    /// address in place of the host (`https://10.0.0.7:443`), while the endpoint keeps the
+    /// name. The connector is cloned for every channel and every connection attempt, so it
+    /// should be cheap to clone (an `Arc` inside). The kit's own detection of connections that
+    /// closed before the server spoke (see [`from_fn`](Self::from_fn)) is the connector's to
+    /// give: without it, such a call fails with `UNAVAILABLE` instead of being retried.
+    ///
+    /// ```
+    /// use grpc_client_kit::EndpointTemplate;
+    /// use hyper_util::rt::TokioIo;
+    /// use tonic::transport::Endpoint;
+    ///
+    /// // Each target names a Unix socket by its host: `http://billing` is /run/billing.sock.
+    /// let template = EndpointTemplate::from_connector_fn(|uri: &str| {
+    ///     let host = uri.parse::<http::Uri>()?.host().unwrap_or_default().to_owned();
+    ///     let path = format!("/run/{host}.sock");
+    ///     // The endpoint's URI names the server (`:authority: billing`).
+    ///     let endpoint = Endpoint::from_shared(uri.to_owned())?;
+    ///     let connector = tower::service_fn(move |_: http::Uri| {
+    ///         let path = path.clone();
+    ///         async move {
+    ///             let stream = tokio::net::UnixStream::connect(path).await?;
+    ///             Ok::<_, std::io::Error>(TokioIo::new(stream))
+    ///         }
+    ///     });
+    ///     Ok((endpoint, connector))
+    /// });
+    /// assert!(template.endpoint("http://billing").is_ok());
+    /// ```
+    pub fn from_connector_fn<F, C>(f: F) -> Self
+    where
+        F: Fn(&str) -> Result<(Endpoint, C), BoxError> + Send + Sync + 'static,
+        C: tower_service::Service<http::Uri> + Clone + Send + Sync + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        EndpointTemplate {
+            f: Arc::new(move |uri: &str| {
+                let (endpoint, connector) = f(uri)?;
+                Ok((endpoint, Some(box_connector(connector))))
+            }),
             known: false,
         }
     }
@@ -89,7 +147,7 @@ impl EndpointTemplate {
         F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
     {
         EndpointTemplate {
-            f: Arc::new(f),
+            f: Arc::new(move |uri: &str| Ok((f(uri)?, None))),
             known: true,
         }
     }
@@ -102,12 +160,25 @@ impl EndpointTemplate {
     /// The endpoint for `uri`: the template's, with
     /// [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT) when it sets no connect
     /// timeout of its own.
+    ///
+    /// A template [with a connector](Self::from_connector_fn) gives its endpoint here (its
+    /// connector is made, and dropped).
     pub fn endpoint(&self, uri: &str) -> Result<Endpoint, BoxError> {
-        let endpoint = (self.f)(uri)?;
-        Ok(match endpoint.get_connect_timeout() {
+        Ok(self.transport(uri)?.0)
+    }
+
+    /// The endpoint for `uri` (as [`endpoint`](Self::endpoint)) and the template's connector,
+    /// if it has one.
+    pub(crate) fn transport(
+        &self,
+        uri: &str,
+    ) -> Result<(Endpoint, Option<BoxConnector>), BoxError> {
+        let (endpoint, connector) = (self.f)(uri)?;
+        let endpoint = match endpoint.get_connect_timeout() {
             Some(_) => endpoint,
             None => endpoint.connect_timeout(Self::DEFAULT_CONNECT_TIMEOUT),
-        })
+        };
+        Ok((endpoint, connector))
     }
 }
 

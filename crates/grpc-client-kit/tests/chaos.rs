@@ -227,8 +227,9 @@ enum FaultKind {
 /// Slow but within the deadline: must not fail anything.
 const SHORT_DELAY: Duration = Duration::from_millis(100);
 
-/// Past the deadline: calls there fail with DEADLINE_EXCEEDED (or the server's own
-/// `CANCELLED: Timeout expired`).
+/// Past the deadline: calls there fail with DEADLINE_EXCEEDED naming the backend (the kit's
+/// timer, or the server's `CANCELLED: Timeout expired` once the deadline has passed, which the
+/// kit reports as the deadline's doing).
 const LONG_DELAY: FaultKind =
     FaultKind::Delay(Duration::from_millis(2 * CALL_DEADLINE.as_millis() as u64));
 
@@ -697,10 +698,7 @@ fn backend_index(name: &str) -> usize {
 ///   behind ([`PENALTY`]).
 /// * A failure that names one backend must fall in a disruptive fault of that backend, or the
 ///   tail of its kind after it; an `UNKNOWN` one in an HTML fault of that backend.
-/// * A failure that names no backend is excused only when it is a backend's own answer that a
-///   fault of one kind explains: `CANCELLED: Timeout expired` is how a tonic server answers a
-///   call its handler did not finish by the call's deadline (when that answer beats the kit's
-///   own timer), which only a delay past the deadline causes.
+/// * A failure that names no backend is never excused.
 fn unexplained(
     c: &Call,
     code: Option<Code>,
@@ -710,10 +708,6 @@ fn unexplained(
 ) -> Option<String> {
     let named = rig.named(message);
     match named.len() {
-        0 if code == Some(Code::Cancelled) && message == "Timeout expired" => (!faults
-            .iter()
-            .any(|f| f.kind == LONG_DELAY && f.explains_failure(c.start, c.end)))
-        .then(|| "naming no backend, outside every delay past the deadline".to_string()),
         0 => Some("naming no backend".to_string()),
         1 if code == Some(Code::Unknown) => (!faults.iter().any(|f| {
             f.backend == named[0] && f.kind == FaultKind::Html && f.explains_failure(c.start, c.end)

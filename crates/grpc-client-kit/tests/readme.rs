@@ -19,6 +19,8 @@ const EXAMPLES: &[(&str, &str)] = &[
         "from_balance_list.rs",
         include_str!("../examples/from_balance_list.rs"),
     ),
+    ("discover.rs", include_str!("../examples/discover.rs")),
+    ("unix_socket.rs", include_str!("../examples/unix_socket.rs")),
 ];
 const KIT_TOML: &str = include_str!("../../../examples/kit.toml");
 

@@ -30,7 +30,9 @@
 //!   (`addr: status: SERVING`), and the exit code is the worst ([`Outcome::worst`]).
 //!
 //! The library under the binary: [`parse_args`] reads a command line, [`check_all`] probes
-//! without printing, [`run`] is the whole command.
+//! without printing, [`run`] is the whole command. (The examples start a server from
+//! `test_backends`, this repository's unpublished crate of test servers, so that they run as
+//! tests; in your code the address is your server's.)
 //!
 //! ```
 //! use health_probe::{Command, Outcome, check_all, parse_args};

@@ -2,11 +2,12 @@
 //! [`BalanceConfig`], durations as humans write them (`"250ms"`, `"5s"`), unknown fields
 //! refused. Values are checked by [`BalanceConfig::validate`] when the balancer is built, as
 //! for a configuration built in code; reading refuses only what has no place in the struct
-//! (`weights` without `strategy = "weighted"`, `peak_ewma` without `strategy = "peak_ewma"`).
+//! (`weights` without `strategy = "weighted"`, `peak_ewma` without `strategy = "peak_ewma"`,
+//! `pick_first` and `ring_hash` without their strategies).
 //!
 //! ```toml
 //! strategy = "weighted"           # round_robin (default), random, weighted,
-//!                                 # least_in_flight, peak_ewma
+//!                                 # least_in_flight, peak_ewma, pick_first, ring_hash
 //! wait_for_ready = true
 //! max_wait = "2s"
 //! connecting_wait = "5s"
@@ -19,6 +20,16 @@
 //! # [peak_ewma]
 //! # default_rtt = "30ms"
 //! # decay = "10s"
+//!
+//! # with strategy = "pick_first":
+//! # [pick_first]
+//! # shuffle_address_list = true     # default false
+//!
+//! # with strategy = "ring_hash":
+//! # [ring_hash]
+//! # min_ring_size = 1024            # defaults: 1024, 8388608 (capped at 4096 points)
+//! # max_ring_size = 8388608
+//! # request_hash_header = "x-user-id"   # default: none (a random endpoint per call)
 //! ```
 
 use std::fmt;
@@ -39,6 +50,8 @@ enum StrategyName {
     Weighted,
     LeastInFlight,
     PeakEwma,
+    PickFirst,
+    RingHash,
 }
 
 impl StrategyName {
@@ -46,14 +59,81 @@ impl StrategyName {
         StrategyName::deserialize(de::value::StrDeserializer::<E>::new(name))
     }
 
+    /// The name as a file writes it.
+    fn as_str(self) -> &'static str {
+        match self {
+            StrategyName::RoundRobin => "round_robin",
+            StrategyName::Random => "random",
+            StrategyName::Weighted => "weighted",
+            StrategyName::LeastInFlight => "least_in_flight",
+            StrategyName::PeakEwma => "peak_ewma",
+            StrategyName::PickFirst => "pick_first",
+            StrategyName::RingHash => "ring_hash",
+        }
+    }
+
     /// The strategy with its parameters (their defaults when not given).
-    fn with(self, weights: Option<Weights>, peak_ewma: Option<PeakEwma>) -> Strategy {
+    fn with(self, given: Given) -> Strategy {
         match self {
             StrategyName::RoundRobin => Strategy::RoundRobin,
             StrategyName::Random => Strategy::Random,
             StrategyName::LeastInFlight => Strategy::LeastInFlight,
-            StrategyName::Weighted => Strategy::Weighted(weights.unwrap_or_default()),
-            StrategyName::PeakEwma => Strategy::PeakEwma(peak_ewma.unwrap_or_default()),
+            StrategyName::Weighted => Strategy::Weighted(given.weights.unwrap_or_default()),
+            StrategyName::PeakEwma => Strategy::PeakEwma(given.peak_ewma.unwrap_or_default()),
+            StrategyName::PickFirst => given.pick_first.unwrap_or_default().into_strategy(),
+            StrategyName::RingHash => given.ring_hash.unwrap_or_default().into_strategy(),
+        }
+    }
+}
+
+/// The strategies' parameters a file gave (each beside `strategy`, in a table of its name).
+#[derive(Default)]
+struct Given {
+    weights: Option<Weights>,
+    peak_ewma: Option<PeakEwma>,
+    pick_first: Option<PickFirstFields>,
+    ring_hash: Option<RingHashFields>,
+}
+
+/// The fields of [`Strategy::PickFirst`] as a file writes them.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PickFirstFields {
+    #[serde(default)]
+    shuffle_address_list: bool,
+}
+
+impl PickFirstFields {
+    fn into_strategy(self) -> Strategy {
+        Strategy::PickFirst {
+            shuffle_address_list: self.shuffle_address_list,
+        }
+    }
+}
+
+/// The fields of [`Strategy::RingHash`] as a file writes them, each defaulting as
+/// [`Strategy::ring_hash`].
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RingHashFields {
+    #[serde(default)]
+    min_ring_size: Option<u64>,
+    #[serde(default)]
+    max_ring_size: Option<u64>,
+    #[serde(default)]
+    request_hash_header: Option<String>,
+}
+
+impl RingHashFields {
+    fn into_strategy(self) -> Strategy {
+        Strategy::RingHash {
+            min_ring_size: self
+                .min_ring_size
+                .unwrap_or(Strategy::DEFAULT_MIN_RING_SIZE),
+            max_ring_size: self
+                .max_ring_size
+                .unwrap_or(Strategy::DEFAULT_MAX_RING_SIZE),
+            request_hash_header: self.request_hash_header,
         }
     }
 }
@@ -63,6 +143,8 @@ const FIELDS: &[&str] = &[
     "strategy",
     "weights",
     "peak_ewma",
+    "pick_first",
+    "ring_hash",
     "wait_for_ready",
     "max_wait",
     "connecting_wait",
@@ -106,7 +188,7 @@ impl<'de> Visitor<'de> for ConfigVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<BalanceConfig, A::Error> {
         let mut strategy: Option<StrategyName> = None;
-        let (mut weights, mut peak_ewma) = (None, None);
+        let mut given = Given::default();
         let mut config = BalanceConfig::default();
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
@@ -116,16 +198,30 @@ impl<'de> Visitor<'de> for ConfigVisitor {
                 // the strategy comes after them (keys need not come in a file's order), at
                 // the end.
                 "weights" => {
-                    weights = Some(map.next_value_seed(Parameters::new(
+                    given.weights = Some(map.next_value_seed(Parameters::new(
                         "weights",
                         StrategyName::Weighted,
                         strategy,
                     ))?)
                 }
                 "peak_ewma" => {
-                    peak_ewma = Some(map.next_value_seed(Parameters::new(
+                    given.peak_ewma = Some(map.next_value_seed(Parameters::new(
                         "peak_ewma",
                         StrategyName::PeakEwma,
+                        strategy,
+                    ))?)
+                }
+                "pick_first" => {
+                    given.pick_first = Some(map.next_value_seed(Parameters::new(
+                        "pick_first",
+                        StrategyName::PickFirst,
+                        strategy,
+                    ))?)
+                }
+                "ring_hash" => {
+                    given.ring_hash = Some(map.next_value_seed(Parameters::new(
+                        "ring_hash",
+                        StrategyName::RingHash,
                         strategy,
                     ))?)
                 }
@@ -147,35 +243,47 @@ impl<'de> Visitor<'de> for ConfigVisitor {
         }
         // The strategy may come after its parameters (in formats other than TOML).
         let strategy = strategy.unwrap_or_default();
-        if weights.as_ref().is_some_and(|w: &Weights| !w.is_empty())
-            && strategy != StrategyName::Weighted
-        {
-            return Err(de::Error::custom(only_with(
+        let misplaced = [
+            (
+                given.weights.as_ref().is_some_and(|w| !w.is_empty()),
                 "weights",
                 StrategyName::Weighted,
-            )));
-        }
-        if peak_ewma.is_some() && strategy != StrategyName::PeakEwma {
-            return Err(de::Error::custom(only_with(
+            ),
+            (
+                given.peak_ewma.is_some(),
                 "peak_ewma",
                 StrategyName::PeakEwma,
-            )));
+            ),
+            (
+                given.pick_first.is_some(),
+                "pick_first",
+                StrategyName::PickFirst,
+            ),
+            (
+                given.ring_hash.is_some(),
+                "ring_hash",
+                StrategyName::RingHash,
+            ),
+        ];
+        for (present, field, belongs_to) in misplaced {
+            if present && strategy != belongs_to {
+                return Err(de::Error::custom(only_with(field, belongs_to)));
+            }
         }
-        config.strategy = strategy.with(weights, peak_ewma);
+        config.strategy = strategy.with(given);
         Ok(config)
     }
 }
 
 fn only_with(field: &str, strategy: StrategyName) -> String {
-    let name = match strategy {
-        StrategyName::Weighted => "weighted",
-        _ => "peak_ewma",
-    };
-    format!("`{field}` is used only with strategy = \"{name}\"")
+    format!(
+        "`{field}` is used only with strategy = \"{}\"",
+        strategy.as_str()
+    )
 }
 
-/// A strategy's parameters (`weights`, `peak_ewma`), refused as they are read when the
-/// strategy already read is another one.
+/// A strategy's parameters (`weights`, `peak_ewma`, `pick_first`, `ring_hash`), refused as
+/// they are read when the strategy already read is another one.
 struct Parameters<T> {
     field: &'static str,
     belongs_to: StrategyName,
@@ -207,9 +315,11 @@ impl<'de, T: Deserialize<'de>> de::DeserializeSeed<'de> for Parameters<T> {
     }
 }
 
-/// A strategy on its own: its name (`"random"`; `"weighted"` and `"peak_ewma"` with their
-/// defaults), or a table of one entry, the name and its parameters
-/// (`{ weighted = { "b0" = 2.0 } }`, `{ peak_ewma = { decay = "5s" } }`).
+/// A strategy on its own: its name (`"random"`; `"weighted"`, `"peak_ewma"`, `"pick_first"`
+/// and `"ring_hash"` with their defaults), or a table of one entry, the name and its
+/// parameters (`{ weighted = { "b0" = 2.0 } }`, `{ peak_ewma = { decay = "5s" } }`,
+/// `{ pick_first = { shuffle_address_list = true } }`,
+/// `{ ring_hash = { request_hash_header = "x-user-id" } }`).
 impl<'de> Deserialize<'de> for Strategy {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(StrategyVisitor)
@@ -226,7 +336,7 @@ impl<'de> Visitor<'de> for StrategyVisitor {
     }
 
     fn visit_str<E: de::Error>(self, name: &str) -> Result<Strategy, E> {
-        Ok(StrategyName::parse(name)?.with(None, None))
+        Ok(StrategyName::parse(name)?.with(Given::default()))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Strategy, A::Error> {
@@ -236,9 +346,11 @@ impl<'de> Visitor<'de> for StrategyVisitor {
         let strategy = match StrategyName::parse(&name)? {
             StrategyName::Weighted => Strategy::Weighted(map.next_value()?),
             StrategyName::PeakEwma => Strategy::PeakEwma(map.next_value()?),
+            StrategyName::PickFirst => map.next_value::<PickFirstFields>()?.into_strategy(),
+            StrategyName::RingHash => map.next_value::<RingHashFields>()?.into_strategy(),
             other => {
                 map.next_value::<NoParameters>()?;
-                other.with(None, None)
+                other.with(Given::default())
             }
         };
         if map.next_key::<IgnoredAny>()?.is_some() {

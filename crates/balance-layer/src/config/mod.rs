@@ -15,7 +15,18 @@ mod de;
 /// The configuration's name in a [`ConfigError`].
 const CONFIG: &str = "balancer";
 
-/// How the balancer chooses among eligible endpoints. Every strategy picks in O(1).
+/// How the balancer chooses among eligible endpoints. Every strategy picks in O(1), except
+/// [`RingHash`](Strategy::RingHash): a binary search of its ring, O(log ring size).
+///
+/// | strategy | file name | chooses | cost per pick |
+/// |---|---|---|---|
+/// | [`RoundRobin`](Strategy::RoundRobin) (default) | `round_robin` | each eligible endpoint in turn | O(1) |
+/// | [`Random`](Strategy::Random) | `random` | uniformly at random | O(1) |
+/// | [`Weighted`](Strategy::Weighted) | `weighted` | in proportion to [`Weights`] | O(1) |
+/// | [`LeastInFlight`](Strategy::LeastInFlight) | `least_in_flight` | the less busy of two | O(1) |
+/// | [`PeakEwma`](Strategy::PeakEwma) | `peak_ewma` | the faster of two | O(1) |
+/// | [`PickFirst`](Strategy::PickFirst) | `pick_first` | one endpoint for every call, the next on failure | O(1) |
+/// | [`RingHash`](Strategy::RingHash) | `ring_hash` | the endpoint of the request's hash on a consistent-hash ring | O(log ring size) |
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum Strategy {
@@ -37,11 +48,143 @@ pub enum Strategy {
     LeastInFlight,
     /// Power of two choices on peak-EWMA latency × (calls in flight + 1).
     PeakEwma(PeakEwma),
+    /// gRPC's default policy, `pick_first`: every call goes to one endpoint, the first
+    /// eligible one in discovery order, for as long as it stays eligible; when it stops being
+    /// eligible (its card shuts it, its service fails, discovery removes it), calls go to the
+    /// first eligible endpoint in order again.
+    ///
+    /// As gRPC's `pick_first` does, it is **sticky**: when an endpoint earlier in the order
+    /// becomes eligible again, calls stay on the current one until it fails (gRPC stays
+    /// connected to the address it has and reconnects from the top of its list only when that
+    /// connection is lost). An endpoint inserted by discovery does not take over either.
+    /// Calls wait for the current endpoint's readiness rather than spill onto others (gRPC
+    /// queues calls on the one connection it has).
+    ///
+    /// With `shuffle_address_list` (gRFC A62), the order is shuffled each time discovery
+    /// changes the set of endpoints — once per batch of changes the balancer takes in — with
+    /// the balancer's generator: with [`BalanceConfig::seed`], the same changes give the same
+    /// order on every run. Use it to spread many clients that all see the addresses in the
+    /// same order over different endpoints.
+    PickFirst {
+        /// Shuffle the order of the endpoints at every change of the set (default `false`).
+        shuffle_address_list: bool,
+    },
+    /// Consistent hashing, gRPC's `ring_hash` (gRFCs A42 and A76): every endpoint holds
+    /// points on a ring of 64-bit hashes; a request goes to the owner of the first point at
+    /// or after the request's hash, so that requests with the same hash go to the same
+    /// endpoint (a cache's affinity, a session's stickiness).
+    ///
+    /// * **The request's hash** is, in this order: a [`RequestHash`](crate::RequestHash)
+    ///   extension on the request; else the XXH64 of the header named
+    ///   `request_hash_header`, its values joined by `,` (gRFC A76); else — no extension, no
+    ///   header configured, or the header absent or empty — a random hash, which sends the
+    ///   call to a random endpoint (gRFC A76). Requests expose them through
+    ///   [`RequestHashKey`](crate::RequestHashKey), implemented for `http::Request` and
+    ///   `tonic::Request`.
+    /// * **The ring** holds every endpoint discovery has inserted — eligible or not — each
+    ///   at the XXH64 hashes of `"{target}_{i}"` (the target as [`Weights`] names it). A
+    ///   request whose point belongs to an endpoint that is not eligible goes on round the
+    ///   ring to the next eligible endpoint. So a key lands on the same endpoint for as long
+    ///   as that endpoint stays eligible; when it stops being eligible (or is removed), only
+    ///   its keys move, each to the next endpoint on the ring, and they come back when it does.
+    /// * **Its size.** Every endpoint gets the same number of points, a power of two chosen
+    ///   so that the ring holds as many points as fit in `max_ring_size`, capped at
+    ///   [`RING_SIZE_CAP`](Strategy::RING_SIZE_CAP) (4,096, gRPC's own cap: 16 bytes a point,
+    ///   64 KiB a ring), and at least `min_ring_size` (also capped). Because the number of
+    ///   points is a power of two, it stays the same while the number of endpoints stays
+    ///   between two powers of two (3 and 4, 5 to 8, 9 to 16, …): inserting or removing an
+    ///   endpoint there moves only the keys that go to it or came from it (about 1/n of
+    ///   them). When the count crosses a power of two, every endpoint's points halve or
+    ///   double (the points kept are a subset of the points before), and more keys move —
+    ///   about as many as in gRPC's own ring, which resizes at every change. With more
+    ///   endpoints than points, each endpoint has one point. (When `min_ring_size` and
+    ///   `max_ring_size` are less than a factor of two apart, the number of points is the
+    ///   least that reaches `min_ring_size`, and it changes with every change of the number
+    ///   of endpoints.)
+    /// * **Cost.** The ring is built by the balancer's background task when discovery changes
+    ///   the set of endpoints, never on a call; each change of eligibility costs one pass
+    ///   over the ring (O(ring size)). A pick is a binary search: O(log ring size), 12 steps
+    ///   for a ring at the cap (the other strategies pick in O(1)).
+    /// * **When it picks.** The hash is known only when the request is: `poll_ready` checks
+    ///   that some endpoint is eligible (or waits, as with other strategies) and reserves
+    ///   none; `call` chooses the endpoint, and the response future waits for that
+    ///   endpoint's readiness before it sends the request (gRPC queues a pick on a
+    ///   connecting endpoint the same way).
+    ///
+    /// [`Strategy::ring_hash`] gives the defaults (1,024 and 8,388,608, gRFC A42's; no
+    /// header).
+    RingHash {
+        /// The least number of points on the ring (default 1,024; at least 1, at most
+        /// `max_ring_size`). Capped at [`RING_SIZE_CAP`](Strategy::RING_SIZE_CAP).
+        min_ring_size: u64,
+        /// The most points on the ring (default 8,388,608, which is also the largest value
+        /// accepted). Capped at [`RING_SIZE_CAP`](Strategy::RING_SIZE_CAP).
+        max_ring_size: u64,
+        /// The header whose value is the request's hash key (gRFC A76), or `None`. A valid
+        /// gRPC metadata name (lowercase letters, digits, `-`, `_`, `.`; upper case is read
+        /// as lower case), not a binary one (`-bin`).
+        request_hash_header: Option<String>,
+    },
 }
 
 impl Strategy {
+    /// The default [`min_ring_size`](Strategy::RingHash::min_ring_size): 1,024 (gRFC A42).
+    pub const DEFAULT_MIN_RING_SIZE: u64 = 1024;
+    /// The default [`max_ring_size`](Strategy::RingHash::max_ring_size): 8,388,608
+    /// (gRFC A42), which is also the largest value accepted.
+    pub const DEFAULT_MAX_RING_SIZE: u64 = 8 * 1024 * 1024;
+    /// The most points a ring holds, whatever its sizes say: 4,096, the default cap of gRPC's
+    /// own implementations. At 16 bytes a point, a ring takes at most 64 KiB, and a pick is a
+    /// binary search of at most 12 steps. (gRFC A42's sizes allow 8 Mi points: 128 MiB a ring,
+    /// rebuilt on every change of the endpoints — no place for it in a client.)
+    pub const RING_SIZE_CAP: u64 = 4096;
+
+    /// [`Strategy::RingHash`] with its defaults: rings of 1,024 to 8,388,608 points (capped
+    /// at [`RING_SIZE_CAP`](Self::RING_SIZE_CAP)), no request hash header.
+    ///
+    /// ```
+    /// use balance_layer::{BalanceConfig, Strategy};
+    /// let Strategy::RingHash { min_ring_size, max_ring_size, request_hash_header } =
+    ///     Strategy::ring_hash()
+    /// else {
+    ///     unreachable!()
+    /// };
+    /// assert_eq!((min_ring_size, max_ring_size), (1024, 8_388_608));
+    /// assert_eq!(request_hash_header, None);
+    ///
+    /// // Hash on the `x-user-id` header of each call.
+    /// let config = BalanceConfig::new().strategy(Strategy::RingHash {
+    ///     min_ring_size,
+    ///     max_ring_size,
+    ///     request_hash_header: Some("x-user-id".into()),
+    /// });
+    /// assert!(config.validate().is_ok());
+    /// ```
+    pub fn ring_hash() -> Strategy {
+        Strategy::RingHash {
+            min_ring_size: Self::DEFAULT_MIN_RING_SIZE,
+            max_ring_size: Self::DEFAULT_MAX_RING_SIZE,
+            request_hash_header: None,
+        }
+    }
+
+    /// [`Strategy::PickFirst`] in discovery order (no shuffle), gRPC's default policy.
+    ///
+    /// ```
+    /// use balance_layer::Strategy;
+    /// assert!(matches!(
+    ///     Strategy::pick_first(),
+    ///     Strategy::PickFirst { shuffle_address_list: false }
+    /// ));
+    /// ```
+    pub fn pick_first() -> Strategy {
+        Strategy::PickFirst {
+            shuffle_address_list: false,
+        }
+    }
+
     /// Short name for logs and errors (`round_robin`, `random`, `weighted`,
-    /// `least_in_flight`, `peak_ewma`).
+    /// `least_in_flight`, `peak_ewma`, `pick_first`, `ring_hash`).
     pub fn name(&self) -> &'static str {
         match self {
             Strategy::RoundRobin => "round_robin",
@@ -49,8 +192,54 @@ impl Strategy {
             Strategy::Weighted(_) => "weighted",
             Strategy::LeastInFlight => "least_in_flight",
             Strategy::PeakEwma(_) => "peak_ewma",
+            Strategy::PickFirst { .. } => "pick_first",
+            Strategy::RingHash { .. } => "ring_hash",
         }
     }
+}
+
+/// Checks [`Strategy::RingHash`]'s fields.
+fn validate_ring_hash(
+    min_ring_size: u64,
+    max_ring_size: u64,
+    request_hash_header: Option<&str>,
+) -> Result<(), ConfigError> {
+    let limit = Strategy::DEFAULT_MAX_RING_SIZE;
+    for (field, value) in [
+        ("ring_hash.min_ring_size", min_ring_size),
+        ("ring_hash.max_ring_size", max_ring_size),
+    ] {
+        if value == 0 {
+            return Err(ConfigError::new(CONFIG, field, value, "at least 1"));
+        }
+        if value > limit {
+            return Err(ConfigError::new(
+                CONFIG,
+                field,
+                value,
+                format!("at most {limit} (gRFC A42's limit)"),
+            ));
+        }
+    }
+    if min_ring_size > max_ring_size {
+        return Err(ConfigError::new(
+            CONFIG,
+            "ring_hash.min_ring_size",
+            min_ring_size,
+            format!("at most ring_hash.max_ring_size ({max_ring_size})"),
+        ));
+    }
+    if let Some(header) = request_hash_header {
+        crate::hash::header_name(header).map_err(|expected| {
+            ConfigError::new(
+                CONFIG,
+                "ring_hash.request_hash_header",
+                format!("{header:?}"),
+                expected,
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Weights by target, for [`Strategy::Weighted`].
@@ -256,7 +445,8 @@ pub struct BalanceConfig {
     /// [`NoHealthyTargets`](crate::error::NoHealthyTargets); `true` makes the call wait for
     /// one to become eligible, up to the request's own deadline (see
     /// [`RequestDeadline`](crate::RequestDeadline)) or [`max_wait`](Self::max_wait),
-    /// whichever is sooner.
+    /// whichever is sooner. A request's [`WaitForReady`](crate::WaitForReady) extension
+    /// overrides it for that call.
     pub wait_for_ready: bool,
     /// With [`wait_for_ready`](Self::wait_for_ready): a cap on how long a call waits for an
     /// eligible endpoint. Default `None`: a call whose request carries a deadline waits up to
@@ -275,9 +465,10 @@ pub struct BalanceConfig {
     ///
     /// [`HealthVerdict::Unknown`]: endpoint_state::HealthVerdict::Unknown
     pub connecting_wait: Duration,
-    /// Seed of the per-clone random generators (random, least-loaded). Default `None`: seeded
-    /// from the process's randomness. With a seed, a balancer and its clones draw the same
-    /// sequences on every run (clone `i` uses a sequence derived from the seed and `i`).
+    /// Seed of the per-clone random generators (random, least-loaded, ring hash's random
+    /// hashes) and of pick-first's shuffles. Default `None`: seeded from the process's
+    /// randomness. With a seed, a balancer and its clones draw the same sequences on every run
+    /// (clone `i` uses a sequence derived from the seed and `i`).
     pub seed: Option<u64>,
 }
 
@@ -363,7 +554,19 @@ impl BalanceConfig {
                     }
                 }
             }
-            Strategy::RoundRobin | Strategy::Random | Strategy::LeastInFlight => {}
+            Strategy::RingHash {
+                min_ring_size,
+                max_ring_size,
+                request_hash_header,
+            } => validate_ring_hash(
+                *min_ring_size,
+                *max_ring_size,
+                request_hash_header.as_deref(),
+            )?,
+            Strategy::RoundRobin
+            | Strategy::Random
+            | Strategy::LeastInFlight
+            | Strategy::PickFirst { .. } => {}
         }
         if let Some(wait) = self.max_wait
             && !self.wait_for_ready

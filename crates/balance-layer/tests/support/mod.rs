@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use balance_layer::RequestDeadline;
 use balance_layer::error::BoxError;
+use balance_layer::{RequestDeadline, RequestHashKey};
 use endpoint_state::{EndpointCard, HasCard};
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -29,6 +29,9 @@ impl RequestDeadline for Req {
         self.budget
     }
 }
+
+/// No hash: under ring hash, a call goes to a random endpoint.
+impl RequestHashKey for Req {}
 
 /// An always-ready endpoint that answers its own name at once and counts its calls and its
 /// clones.

@@ -30,9 +30,10 @@ mod outcome;
 mod status;
 
 pub use body::ClassifiedBody;
+pub use frames::{MessagePrefixes, Prefix};
 pub use future::ResponseFuture;
 pub use layer::{Classify, ClassifyLayer};
 pub use outcome::{FailureCodes, NotProcessed, OnOutcome, Outcome, Verdict, is_not_processed};
-pub use status::{CallStatus, NotGrpcResponse, OutcomeSource, code_name};
+pub use status::{CallStatus, NotGrpcResponse, OutcomeSource, code_by_name, code_name};
 
 pub use crate::error::{BoxError, error_chain};

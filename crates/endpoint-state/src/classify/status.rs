@@ -34,6 +34,22 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
+/// The code a configuration names: by gRPC's name (`"UNAVAILABLE"`, any case) or by number
+/// (`"14"`); `None` for anything else.
+///
+/// ```
+/// use endpoint_state::classify::code_by_name;
+/// assert_eq!(code_by_name("unavailable"), Some(tonic::Code::Unavailable));
+/// assert_eq!(code_by_name("4"), Some(tonic::Code::DeadlineExceeded));
+/// assert_eq!(code_by_name("17"), None);
+/// ```
+pub fn code_by_name(name: &str) -> Option<Code> {
+    let wanted = name.trim();
+    (0..=16)
+        .map(Code::from_i32)
+        .find(|c| code_name(*c).eq_ignore_ascii_case(wanted) || (*c as i32).to_string() == wanted)
+}
+
 /// Where an outcome was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -1,21 +1,25 @@
-//! A static target as the user writes it, as the kit names it: the scheme and host
-//! lowercased, user info refused, the endpoint from the template.
+//! A target as the user writes it, as the kit names it: the scheme and host lowercased, user
+//! info refused, the endpoint (and connector) from the template. Every address that enters
+//! the kit — the builder's list, `Kit::add_target`, a discovery source — is resolved here; a
+//! `dns:` name's addresses by [`resolved_address`].
 
 use std::sync::Arc;
 
 use endpoint_state::ConfigError;
-use tonic::transport::Endpoint;
 
+use crate::registry::NewTarget;
+use crate::target::Target;
 use crate::template::EndpointTemplate;
 
-/// A static target's name and endpoint, from the address as written: normalized
-/// ([`normalize`]), refused — naming `field` — when it is not a valid address, has no host,
-/// carries user info, or the endpoint template refuses it.
-pub(crate) fn resolve_address(
+/// A target's name, endpoint and connector, from the address as written: normalized
+/// ([`normalize`]), refused — naming `field` and the address — when it is not a valid address,
+/// has no host, carries user info, or the endpoint template refuses it.
+pub(crate) fn resolve_target(
     template: &EndpointTemplate,
     field: &str,
-    t: &str,
-) -> Result<(Arc<str>, Endpoint), ConfigError> {
+    target: &Target,
+) -> Result<NewTarget, ConfigError> {
+    let t = target.uri();
     let uri = normalize(t);
     let bad = |why: String| {
         ConfigError::problem(
@@ -45,10 +49,38 @@ pub(crate) fn resolve_address(
     if parsed.host().is_none() {
         return Err(bad("the address has no host".to_owned()));
     }
-    let endpoint = template
-        .endpoint(&uri)
+    let (endpoint, connector) = template
+        .transport(&uri)
         .map_err(|e| bad(format!("the endpoint template refused it: {e}")))?;
-    Ok((Arc::from(uri), endpoint))
+    Ok(NewTarget {
+        name: Arc::from(uri),
+        endpoint,
+        connector,
+        address: None,
+        options: target.options().clone(),
+    })
+}
+
+/// One address a `dns:` name resolved to: named `scheme://ADDRESS` (`name`), its endpoint made
+/// by the template from the **name** (`scheme://HOST:PORT`), so that the channel sends the
+/// name as `:authority` and TLS verifies the server as the name (gRPC's behaviour), while
+/// every connection goes to `address`.
+#[cfg(feature = "dns")]
+pub(crate) fn resolved_address(
+    template: &EndpointTemplate,
+    name: Arc<str>,
+    host_uri: &str,
+    address: std::net::SocketAddr,
+    options: &crate::target::TargetOptions,
+) -> Result<NewTarget, crate::error::BoxError> {
+    let (endpoint, connector) = template.transport(host_uri)?;
+    Ok(NewTarget {
+        name,
+        endpoint,
+        connector,
+        address: Some(address),
+        options: options.clone(),
+    })
 }
 
 /// A target's name: `10.0.0.7:50051` means `http://10.0.0.7:50051`, and the scheme and the

@@ -33,7 +33,11 @@ use claim::{Claim, Switched};
 /// * the balancer's settings — `strategy`, `[weights]`, `[peak_ewma]`, `wait_for_ready`,
 ///   `max_wait`, `connecting_wait`, `seed` — stand at the top level, a [`BalanceConfig`];
 /// * `[endpoint]` ([`EndpointSettings`]), `[dns]` ([`DnsSettings`]), `transparent_retry` and
-///   `name` (in spans and metrics, see [`KitBuilder::name`]) are the kit's own.
+///   `name` (in spans and metrics, see [`KitBuilder::name`]) are the kit's own;
+/// * `service_config` is gRPC's service config, its JSON in a string (a TOML multi-line
+///   literal string, `'''{ ... }'''`, takes it as written; see
+///   [`KitBuilder::service_config`]). Its `loadBalancingConfig`, when it has one, replaces
+///   `strategy`.
 ///
 /// ```
 /// # #[cfg(feature = "toml")] {
@@ -95,6 +99,8 @@ pub struct KitConfig {
     pub dns: DnsSettings,
     /// The kit's name in its spans and metrics (see [`KitBuilder::name`]).
     pub name: Option<String>,
+    /// gRPC's service config as JSON (see [`KitBuilder::service_config`]).
+    pub service_config: Option<String>,
 }
 
 /// The top-level keys that are the kit's own (every other one is the balancer's).
@@ -108,6 +114,7 @@ const OWN: &[&str] = &[
     "transparent_retry",
     "dns",
     "name",
+    "service_config",
 ];
 
 impl<'de> Deserialize<'de> for KitConfig {
@@ -144,6 +151,7 @@ impl<'de> Visitor<'de> for KitVisitor {
                 "transparent_retry" => config.transparent_retry = Some(map.next_value()?),
                 "dns" => config.dns = map.next_value()?,
                 "name" => config.name = Some(map.next_value()?),
+                "service_config" => config.service_config = Some(map.next_value()?),
                 other => return Err(de::Error::unknown_field(other, OWN)),
             }
             Ok(())
@@ -220,6 +228,9 @@ impl KitConfig {
         }
         if let Some(name) = &self.name {
             b = b.name(name.clone());
+        }
+        if let Some(json) = &self.service_config {
+            b = b.service_config(json.clone());
         }
         Ok(b.dns(self.dns.clone()))
     }

@@ -109,6 +109,8 @@ impl Shared {
             endpoint,
             card,
             service,
+            connector,
+            address,
         } = target;
         let endpoint = match endpoint {
             Some(e) => Some(e),
@@ -131,7 +133,8 @@ impl Shared {
             endpoint,
             service.unwrap_or_else(|| self.config.service.clone()),
             self.config.probe_keepalive,
-        );
+        )
+        .with_transport(connector, address);
         Ok(Arc::new(Entry::new(
             name.clone(),
             card.unwrap_or_else(|| EndpointCard::new(name)),

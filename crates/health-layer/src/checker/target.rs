@@ -1,18 +1,22 @@
 //! A target as the user names it, what the checker says about it, and the checker's record of
 //! it: its card (the one owner of its verdict and reason), its probe link, and its schedule.
 
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use endpoint_state::BoxError;
 use endpoint_state::sync::lock;
 use endpoint_state::{EndpointCard, HealthVerdict};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
-use crate::probe::ProbeLink;
+use crate::probe::{Connector, ProbeLink};
 
 /// A target to check: its name, and optionally its own probe endpoint, card and service name.
 ///
@@ -31,12 +35,27 @@ use crate::probe::ProbeLink;
 ///     .service("my.package.Service");
 /// # let _ = target;
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Target {
     pub(super) name: Arc<str>,
     pub(super) endpoint: Option<Endpoint>,
     pub(super) card: Option<EndpointCard>,
     pub(super) service: Option<Arc<str>>,
+    pub(super) connector: Option<Connector>,
+    pub(super) address: Option<SocketAddr>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint)
+            .field("card", &self.card)
+            .field("service", &self.service)
+            .field("custom_connector", &self.connector.is_some())
+            .field("address", &self.address)
+            .finish()
+    }
 }
 
 impl Target {
@@ -47,6 +66,8 @@ impl Target {
             endpoint: None,
             card: None,
             service: None,
+            connector: None,
+            address: None,
         }
     }
 
@@ -67,6 +88,42 @@ impl Target {
     /// Ask about this service name instead of the checker's.
     pub fn service(mut self, service: impl Into<Arc<str>>) -> Self {
         self.service = Some(service.into());
+        self
+    }
+
+    /// Connect this target's probe channels with this function, instead of the checker's
+    /// [`connector`](crate::HealthConfig::connector) or its own TCP connector: a target
+    /// reached over a Unix socket, an in-memory transport or a proxy. It is given the probe
+    /// endpoint (with the checker's keepalive, when it sets one) and must return a connected
+    /// channel; the probe timeout bounds it.
+    ///
+    /// ```
+    /// use health_layer::Target;
+    /// use tonic::transport::Endpoint;
+    /// let target = Target::new("uds:/run/billing.sock")
+    ///     .endpoint(Endpoint::from_static("http://billing.local"))
+    ///     .connector(|endpoint: Endpoint| async move {
+    ///         // e.g. endpoint.connect_with_connector(my_unix_connector).await
+    ///         Ok(endpoint.connect_lazy())
+    ///     });
+    /// # let _ = target;
+    /// ```
+    pub fn connector<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Endpoint) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Channel, BoxError>> + Send + 'static,
+    {
+        self.connector = Some(Arc::new(move |endpoint| Box::pin(f(endpoint))));
+        self
+    }
+
+    /// Connect this target's probe connections to `address`, instead of resolving the
+    /// endpoint URI's host: the endpoint keeps naming the server (its `:authority`, and the
+    /// server name TLS verifies), as gRPC does for each address a name resolves to. Plaintext
+    /// connections are still read by the checker's frame watcher (see [`probe`](crate::probe)).
+    /// A [`connector`](Self::connector) of the target's own, when set, is used instead.
+    pub fn address(mut self, address: SocketAddr) -> Self {
+        self.address = Some(address);
         self
     }
 

@@ -14,6 +14,7 @@
 //! [`connector`](crate::HealthConfig::connector) of your own if you need one).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use endpoint_state::BoxError;
+use endpoint_state::transport::redirect_uri;
 use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -57,12 +59,14 @@ pub(crate) fn connect_failed(
     ProbeError::new(target.clone(), ProbeFailure::Connect { timed_out, source })
 }
 
-/// Connects `endpoint` now, by `deadline` (`limit` is how long that was, for the error).
-/// Plaintext endpoints go through the frame-watching connector and count as connected once
-/// the server's `SETTINGS` frame has arrived.
+/// Connects `endpoint` now, by `deadline` (`limit` is how long that was, for the error); to
+/// `address` when given, instead of the endpoint's host. Plaintext endpoints go through the
+/// frame-watching connector and count as connected once the server's `SETTINGS` frame has
+/// arrived.
 pub(crate) async fn connect_until(
     target: &Arc<str>,
     endpoint: &Endpoint,
+    address: Option<SocketAddr>,
     deadline: Instant,
     limit: Duration,
     connections: &Arc<AtomicU64>,
@@ -71,14 +75,27 @@ pub(crate) async fn connect_until(
     let attempt = async {
         if endpoint.uri().scheme_str() != Some("http") {
             connections.fetch_add(1, Ordering::Relaxed);
-            let channel = endpoint.connect().await.map_err(|e| failed(Box::new(e)))?;
+            let channel = match address {
+                None => endpoint.connect().await,
+                Some(address) => {
+                    let http = tcp_connector(endpoint);
+                    endpoint
+                        .connect_with_connector(tower::util::MapRequest::new(
+                            http,
+                            move |uri: Uri| redirect_uri(&uri, address),
+                        ))
+                        .await
+                }
+            }
+            .map_err(|e| failed(Box::new(e)))?;
             return Ok(ProbeConn {
                 channel,
                 frames: None,
             });
         }
         let frames = ServerFrames::new();
-        let connector = WatchingConnector::new(endpoint, frames.clone(), connections.clone());
+        let connector =
+            WatchingConnector::new(endpoint, frames.clone(), connections.clone(), address);
         let channel = match endpoint.connect_with_connector(connector).await {
             Ok(channel) => channel,
             // Our reader's own finding says more than tonic's "transport error".
@@ -109,21 +126,34 @@ struct WatchingConnector {
     frames: ServerFrames,
     /// Counts every connection made (the channel's own reconnections too).
     connections: Arc<AtomicU64>,
+    /// Where connections go instead of the endpoint's host.
+    address: Option<SocketAddr>,
+}
+
+/// hyper's TCP connector with the endpoint's TCP settings, as tonic configures its own.
+fn tcp_connector(endpoint: &Endpoint) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(endpoint.get_tcp_nodelay());
+    http.set_keepalive(endpoint.get_tcp_keepalive());
+    http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
+    http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
+    http.set_connect_timeout(endpoint.get_connect_timeout());
+    http
 }
 
 impl WatchingConnector {
-    fn new(endpoint: &Endpoint, frames: ServerFrames, connections: Arc<AtomicU64>) -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(endpoint.get_tcp_nodelay());
-        http.set_keepalive(endpoint.get_tcp_keepalive());
-        http.set_keepalive_interval(endpoint.get_tcp_keepalive_interval());
-        http.set_keepalive_retries(endpoint.get_tcp_keepalive_retries());
-        http.set_connect_timeout(endpoint.get_connect_timeout());
+    fn new(
+        endpoint: &Endpoint,
+        frames: ServerFrames,
+        connections: Arc<AtomicU64>,
+        address: Option<SocketAddr>,
+    ) -> Self {
         WatchingConnector {
-            http,
+            http: tcp_connector(endpoint),
             frames,
             connections,
+            address,
         }
     }
 }
@@ -139,6 +169,10 @@ impl Service<Uri> for WatchingConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         self.connections.fetch_add(1, Ordering::Relaxed);
+        let uri = match self.address {
+            Some(address) => redirect_uri(&uri, address),
+            None => uri,
+        };
         let connecting = self.http.call(uri);
         let frames = self.frames.clone();
         Box::pin(async move {

@@ -27,7 +27,7 @@ pub async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Channel, Pr
     let target: Arc<str> = endpoint.uri().to_string().into();
     let connections = Arc::default();
     Ok(
-        connect_until(&target, endpoint, after(limit), limit, &connections)
+        connect_until(&target, endpoint, None, after(limit), limit, &connections)
             .await?
             .channel,
     )
@@ -51,9 +51,16 @@ pub async fn check_once(
     let connect_limit = endpoint.get_connect_timeout().unwrap_or(timeout);
     let connections = Arc::default();
     let deadline = after(connect_limit);
-    let channel = connect_until(&target, endpoint, deadline, connect_limit, &connections)
-        .await?
-        .channel;
+    let channel = connect_until(
+        &target,
+        endpoint,
+        None,
+        deadline,
+        connect_limit,
+        &connections,
+    )
+    .await?
+    .channel;
     let request = tonic::Request::new(HealthCheckRequest {
         service: service.to_owned(),
     });

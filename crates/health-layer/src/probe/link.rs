@@ -4,6 +4,7 @@
 //! what comes back; the link never publishes anything.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,6 +61,10 @@ pub(crate) struct ProbeLink {
     keepalive: Mutex<Option<Duration>>,
     /// Connections made (the channel's own reconnections too, for plaintext endpoints).
     connections: Arc<AtomicU64>,
+    /// The target's own connector, used instead of the checker's.
+    connector: Option<Connector>,
+    /// Where connections go instead of the endpoint's host.
+    address: Option<SocketAddr>,
 }
 
 impl ProbeLink {
@@ -76,7 +81,21 @@ impl ProbeLink {
             conn: Mutex::new(None),
             keepalive: Mutex::new(keepalive),
             connections: Arc::default(),
+            connector: None,
+            address: None,
         }
+    }
+
+    /// The target's own connector, and the address its connections go to (see
+    /// [`Target`](crate::Target)).
+    pub(crate) fn with_transport(
+        mut self,
+        connector: Option<Connector>,
+        address: Option<SocketAddr>,
+    ) -> Self {
+        self.connector = connector;
+        self.address = address;
+        self
     }
 
     /// The endpoint probed (none for custom probes).
@@ -165,10 +184,12 @@ impl ProbeLink {
             // hyper adds the interval to an instant: keep it within what a clock can hold.
             endpoint = endpoint.http2_keep_alive_interval(interval.min(FAR));
         }
-        let Some(connector) = dial.connector else {
+        let own = self.connector.as_ref().or(dial.connector);
+        let Some(connector) = own else {
             return connect_until(
                 &self.target,
                 &endpoint,
+                self.address,
                 deadline,
                 dial.limit,
                 &self.connections,
