@@ -61,12 +61,16 @@ pub(crate) async fn production_settings_are_live(imp: Implementation) {
     let second = Duration::from_secs(1);
 
     // Five connections at once, each showing one setting.
+    // Idle (2 s) is told from age (8 s, less 10 % jitter) by when the GOAWAY comes: anything
+    // before 7 s is idleness. The margin over 2 s is for a loaded machine (grpc-js's timers
+    // run late when node gets little CPU).
+    let idle_limit = age.mul_f64(0.85);
     let idle = observe(
         addr,
         Probe {
             watch: false,
             pings: None,
-            limit: Duration::from_secs(4),
+            limit: idle_limit,
         },
     );
     let aged = observe(
@@ -136,7 +140,7 @@ pub(crate) async fn production_settings_are_live(imp: Implementation) {
             // C-core says INTERNAL_ERROR "connection idle"; grpc-go and grpc-js NO_ERROR.
             let code = if imp == Implementation::CCore { 2 } else { 0 };
             assert_eq!(goaway.code, code, "{imp}: idle: {idle}");
-            let high = max_idle + Duration::from_millis(1500);
+            let high = idle_limit;
             assert_within("idle GOAWAY", goaway.at, max_idle.mul_f64(0.8), high);
             assert!(
                 idle.closed.is_some(),

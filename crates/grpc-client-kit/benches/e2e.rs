@@ -12,6 +12,16 @@
 //!   one worker task), the way tower means it to be shared;
 //! * `single Channel` — one bare `Channel` to one backend, for scale (no balancing at all).
 //!
+//! * `kit + retryPolicy` — the kit with a service config whose `retryPolicy` (gRFC A6) covers
+//!   the method: the cost of an enabled retry policy on the success path (issue 16).
+//!
+//! With `--hedging` (issue 16), a second part runs over three other backends, one of them slow
+//! (`--slow-ms`, 20 ms per call): the kit over the two fast ones alone, over all three without
+//! hedging, and over all three with a `hedgingPolicy` (`maxAttempts` 2, `hedgingDelay`
+//! `--hedge-delay-ms`, 2 ms), with `--hedge-callers` (4) callers — few enough that the
+//! backends are not saturated, where hedging is meant to run: the hedged p99 against the fast
+//! backends' p99.
+//!
 //! With `--variants`, the kit also runs without its breaker, without quarantine, without
 //! health checking, and as the balancer alone: what each layer costs. `--only NAME` keeps
 //! the contenders whose name contains `NAME` (for profiling one at a time).
@@ -33,6 +43,7 @@
 //! cargo bench -p grpc-client-kit --bench e2e -- --secs 30 --rounds 60 # steadier on a busy box
 //! cargo bench -p grpc-client-kit --bench e2e -- --variants            # the cost of each layer
 //! GCK_E2E_SECS=1 GCK_E2E_ROUNDS=1 cargo bench -p grpc-client-kit --bench e2e   # quick look
+//! cargo bench -p grpc-client-kit --bench e2e -- --hedging             # and the hedging part
 //! ```
 //!
 //! Under `cargo test --benches` (no `--bench` argument) it runs a 0.3 s smoke version.
@@ -89,6 +100,10 @@ fn main() {
     let only: Option<String> = args.get("only", "GCK_E2E_ONLY", String::new()).into();
     let only = only.filter(|s| !s.is_empty());
     let variants = args.flag("--variants") || std::env::var_os("GCK_E2E_VARIANTS").is_some();
+    let hedging = args.flag("--hedging") || std::env::var_os("GCK_E2E_HEDGING").is_some();
+    let slow_ms: u64 = args.get("slow-ms", "GCK_E2E_SLOW_MS", 20);
+    let hedge_delay_ms: u64 = args.get("hedge-delay-ms", "GCK_E2E_HEDGE_DELAY_MS", 2);
+    let hedge_callers: usize = args.get("hedge-callers", "GCK_E2E_HEDGE_CALLERS", 4);
 
     let server_rt = support::runtime(support::SERVER_THREADS, server_workers);
     let client_rt = support::runtime(support::CLIENT_THREADS, client_workers);
@@ -101,6 +116,10 @@ fn main() {
         all.push((
             "kit (round-robin)",
             client_rt.block_on(kit_runner(&uris, Layers::All)),
+        ));
+        all.push((
+            "kit + retryPolicy",
+            client_rt.block_on(kit_with_config(&uris, RETRY_POLICY)),
         ));
         if variants {
             for (name, layers) in [
@@ -241,6 +260,22 @@ fn main() {
     }
     println!("load average before: {load_before}; after: {load_after}");
 
+    let mut hedging_failed = 0;
+    if hedging {
+        hedging_failed = hedging_part(
+            &server_rt,
+            &client_rt,
+            HedgingRun {
+                callers: hedge_callers,
+                secs,
+                warmup,
+                rounds,
+                slow: Duration::from_millis(slow_ms),
+                delay_ms: hedge_delay_ms,
+            },
+        );
+    }
+
     let failed: u64 = contenders
         .iter()
         .map(|c| c.result.as_ref().map_or(0, |r| r.failed))
@@ -253,6 +288,151 @@ fn main() {
         }
     });
     assert_eq!(failed, 0, "no call may fail on healthy backends");
+    assert_eq!(hedging_failed, 0, "no hedged call may fail");
+}
+
+/// A retry policy over the test service's methods (issue 16): never used on the success path
+/// but for its bookkeeping.
+const RETRY_POLICY: &str = r#"{"methodConfig": [{"name": [{"service": "gck.test.v1.TestService"}],
+    "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#;
+
+/// The settings of the hedging part.
+struct HedgingRun {
+    callers: usize,
+    secs: Duration,
+    warmup: Duration,
+    rounds: u32,
+    slow: Duration,
+    delay_ms: u64,
+}
+
+/// The hedging part: three backends, the last one slow; returns the calls that failed.
+fn hedging_part(
+    server_rt: &tokio::runtime::Runtime,
+    client_rt: &tokio::runtime::Runtime,
+    run: HedgingRun,
+) -> u64 {
+    let backends = server_rt.block_on(Backends::start(3)).expect("backends");
+    backends[2].set_delay(run.slow);
+    let uris = backends.uris();
+    let hedge = format!(
+        r#"{{"methodConfig": [{{"name": [{{"service": "gck.test.v1.TestService"}}],
+            "hedgingPolicy": {{"maxAttempts": 2, "hedgingDelay": "{}s"}}}}]}}"#,
+        run.delay_ms as f64 / 1000.0
+    );
+    let mut contenders: Vec<(&'static str, Runner, Option<LoadResult>)> = {
+        let _guard = client_rt.enter();
+        vec![
+            (
+                "kit, 2 fast backends only",
+                client_rt.block_on(kit_with_config(&uris[..2], "{}")),
+                None,
+            ),
+            (
+                "kit, 2 fast + 1 slow, no hedging",
+                client_rt.block_on(kit_with_config(&uris, "{}")),
+                None,
+            ),
+            (
+                "kit, 2 fast + 1 slow, hedging",
+                client_rt.block_on(kit_with_config(&uris, &hedge)),
+                None,
+            ),
+        ]
+    };
+    let slice = run.secs / run.rounds;
+    for round in 0..run.rounds as usize {
+        let n = contenders.len();
+        for k in 0..n {
+            let (_, client, result) = &mut contenders[(round + k) % n];
+            let warm_for = if round == 0 {
+                run.warmup
+            } else {
+                run.warmup.min(Duration::from_millis(250))
+            };
+            let _ = client_rt.block_on(client(run.callers, warm_for));
+            let r = client_rt.block_on(client(run.callers, slice));
+            match result {
+                Some(total) => total.merge(r),
+                None => *result = Some(r),
+            }
+        }
+    }
+    let fast_p99 = contenders[0]
+        .2
+        .as_ref()
+        .map_or(1, |r| r.latency.value_at_quantile(0.99).max(1));
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for (name, _, result) in &contenders {
+        let r = result.as_ref().expect("measured");
+        failed += r.failed;
+        rows.push(vec![
+            name.to_string(),
+            format!("{:.0}", r.throughput()),
+            fmt_ns(r.latency.value_at_quantile(0.50)),
+            fmt_ns(r.latency.value_at_quantile(0.99)),
+            format!(
+                "{:.2}",
+                r.latency.value_at_quantile(0.99) as f64 / fast_p99 as f64
+            ),
+            fmt_ns(r.latency.value_at_quantile(0.999)),
+            fmt_ns(r.latency.max()),
+            r.failed.to_string(),
+        ]);
+    }
+    println!(
+        "hedging (issue 16): 3 backends, the third {} ms slower per call; hedgingDelay {} ms, \
+         maxAttempts 2; {} callers, {} measured per contender",
+        run.slow.as_millis(),
+        run.delay_ms,
+        run.callers,
+        support::fmt_dur(run.secs),
+    );
+    print!(
+        "{}",
+        table(
+            &[
+                "contender",
+                "calls/s",
+                "p50",
+                "p99",
+                "p99 x fast-only",
+                "p99.9",
+                "max",
+                "errors",
+            ],
+            &rows,
+        )
+    );
+    println!(
+        "slow backend: {} calls received, {} cancelled",
+        backends[2].hits(),
+        backends[2].cancelled()
+    );
+    drop(contenders);
+    server_rt.block_on(async {
+        for b in backends.iter() {
+            b.stop().await;
+        }
+    });
+    failed
+}
+
+/// The kit's channel over `uris` (health in Watch mode, every layer) with a service config.
+async fn kit_with_config(uris: &[String], config: &str) -> Runner {
+    let kit = Kit::builder()
+        .targets(uris.iter().cloned())
+        .health(HealthConfig::new().mode(ProbeMode::Watch))
+        .service_config(config)
+        .build()
+        .expect("kit");
+    assert!(
+        kit.wait_until_ready(Duration::from_secs(10)).await,
+        "kit ready"
+    );
+    runner(TestServiceClient::new(kit.channel()))
 }
 
 /// Which of the kit's per-target layers run (`--variants` measures each one's share).

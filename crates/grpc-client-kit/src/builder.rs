@@ -396,8 +396,9 @@ impl KitBuilder {
     /// policy (`loadBalancingConfig`, which sets the [`strategy`](Self::strategy)), the health
     /// service name (`healthCheckConfig.serviceName`), and per method (`methodConfig`) its
     /// `timeout`, `waitForReady`, `maxRequestMessageBytes` and `maxResponseMessageBytes`.
-    /// `retryPolicy`, `hedgingPolicy` and `retryThrottling` are read and validated (see
-    /// [`service_config`](crate::service_config)) but not applied yet. One call's
+    /// `retryPolicy`, `hedgingPolicy` and `retryThrottling` apply as gRFC A6 says (see
+    /// [`RetryPolicy`](crate::service_config::RetryPolicy) and
+    /// [`HedgingPolicy`](crate::service_config::HedgingPolicy)). One call's
     /// [`CallOptions`](crate::CallOptions) combine with its method's settings (as gRPC's
     /// per-call options do). A `loadBalancingConfig` replaces the strategy, whichever was set
     /// first; a `healthCheckConfig` sets the [`health`](Self::health) service name (ignored,
@@ -631,6 +632,7 @@ impl KitBuilder {
                     .as_ref()
                     .filter(|c| c.applies_to_calls())
                     .map(|c| Arc::new(c.clone())),
+                retries: crate::policy::Retries::for_kit(service_config.as_ref()),
                 service_config: service_config.map(Arc::new),
             }),
         })

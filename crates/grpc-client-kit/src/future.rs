@@ -18,10 +18,12 @@ use tower_service::Service;
 
 use crate::call_options::Limits;
 use crate::error::{BoxError, DiscoveryFailed, KitShutDown, TransportError};
+use crate::hedge::Hedge;
 use crate::life::{KitState, Life};
 use crate::observe::CallGuard;
+use crate::policy::{Attempts, PREVIOUS_ATTEMPTS, Verdict};
 use crate::retry::Unsent;
-use crate::stack::{Deadline, KitDiscover, Request, Stack, StackBody, expired};
+use crate::stack::{AnsweredBy, Deadline, KitDiscover, Request, Stack, StackBody, expired};
 
 type Inner = balance_layer::future::ResponseFuture<Arc<str>, Stack, Request>;
 
@@ -42,6 +44,8 @@ pin_project! {
         // The call's message size limits (a service config's, or its `CallOptions`'): handed
         // to the body with the response.
         limits: Option<Box<Limits>>,
+        // The call's attempts under its method's retry policy, if it has one.
+        policy: Option<Box<Attempts>>,
     }
 }
 
@@ -57,6 +61,16 @@ pin_project! {
         // No target was ready when the call was made, or the first attempt reached no backend
         // (or one that refused it): waiting for the balancer to reserve a ready target.
         Waiting {
+            waiting: Box<Waiting>,
+        },
+        // A hedged call: its attempts (rare: boxed).
+        Hedging {
+            hedge: Box<Hedge>,
+            notes: Arc<KitState>,
+        },
+        // A retry policy's backoff (or the server's pushback) before the next attempt.
+        Backoff {
+            sleep: Pin<Box<Sleep>>,
             waiting: Box<Waiting>,
         },
         Refused {
@@ -83,6 +97,7 @@ impl ResponseFuture {
         deadline: Option<Deadline>,
         trace: CallGuard,
         limits: Option<Box<Limits>>,
+        policy: Option<Box<Attempts>>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -94,6 +109,7 @@ impl ResponseFuture {
             timer: None,
             trace,
             limits,
+            policy,
         }
     }
 
@@ -102,10 +118,12 @@ impl ResponseFuture {
         request: Request,
         life: Arc<Life>,
         retry: Option<Unsent>,
-        deadline: Option<Deadline>,
         trace: CallGuard,
         limits: Option<Box<Limits>>,
+        policy: Option<Box<Attempts>>,
     ) -> Self {
+        // Read from the request sent on, whose `grpc-timeout` is the call's.
+        let deadline = Deadline::of(&request);
         let waiting = Waiting {
             balance,
             request: Some(request),
@@ -121,6 +139,27 @@ impl ResponseFuture {
             timer: None,
             trace,
             limits,
+            policy,
+        }
+    }
+
+    pub(crate) fn hedging(
+        hedge: Box<Hedge>,
+        life: Arc<Life>,
+        deadline: Option<Deadline>,
+        trace: CallGuard,
+        limits: Option<Box<Limits>>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Hedging {
+                hedge,
+                notes: Arc::clone(&life.state),
+            },
+            deadline,
+            timer: None,
+            trace,
+            limits,
+            policy: None,
         }
     }
 
@@ -131,6 +170,7 @@ impl ResponseFuture {
             timer: None,
             trace,
             limits: None,
+            policy: None,
         }
     }
 }
@@ -139,10 +179,11 @@ impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.state {
             State::Called { inner, .. } => f.debug_tuple("ResponseFuture").field(inner).finish(),
-            State::Waiting { waiting } => f
+            State::Waiting { waiting } | State::Backoff { waiting, .. } => f
                 .debug_tuple("ResponseFuture")
                 .field(&waiting.balance)
                 .finish(),
+            State::Hedging { hedge, .. } => f.debug_tuple("ResponseFuture").field(hedge).finish(),
             State::Refused { error } => f.debug_tuple("ResponseFuture").field(error).finish(),
         }
     }
@@ -171,6 +212,56 @@ impl Future for ResponseFuture {
                     notes,
                     retry,
                 } => match ready!(inner.poll(cx)) {
+                    Ok(mut response) if let Some(attempts) = this.policy.as_deref_mut() => {
+                        let code = crate::policy::trailers_only(response.headers());
+                        if code.is_some() {
+                            // A status: the target is named for the next attempt to avoid it,
+                            // and for the caller's message.
+                            let target = response.extensions().get::<AnsweredBy>();
+                            attempts.tried(target.map(|a| a.0.clone()));
+                        }
+                        let verdict = match code {
+                            Some(code) => attempts.judge(code, Some(response.headers())),
+                            None => {
+                                attempts.committed();
+                                Verdict::Commit
+                            }
+                        };
+                        let next = match verdict {
+                            Verdict::Retry(delay) => again_after(
+                                delay,
+                                attempts,
+                                retry,
+                                this.deadline.as_ref(),
+                                this.trace,
+                            ),
+                            Verdict::Commit => None,
+                        };
+                        if let Some(next) = next {
+                            // Not committed: this attempt's answer is dropped.
+                            drop(response);
+                            next
+                        } else {
+                            drop(retry.take());
+                            if let Some(trace) = this.trace.trace() {
+                                trace.defer(false);
+                            }
+                            if let Some(code) = code {
+                                if let Some(note) = attempts.note() {
+                                    crate::policy::append_note(response.headers_mut(), &note);
+                                }
+                                // The attempt's status, deferred, is the call's.
+                                this.trace.end(code);
+                            }
+                            let trace = this.trace.take();
+                            let limits = this.limits.take();
+                            return Poll::Ready(Ok(response.map(|inner| ResponseBody {
+                                inner: Some(inner),
+                                trace,
+                                limits,
+                            })));
+                        }
+                    }
                     Ok(response) => {
                         // The call is answered: nothing will be sent again.
                         drop(retry.take());
@@ -187,6 +278,71 @@ impl Future for ResponseFuture {
                             this.limits.as_deref().and_then(|l| l.request_refused(cx)) =>
                     {
                         return failed(this.trace, Box::new(status));
+                    }
+                    Err(e) if let Some(attempts) = this.policy.as_deref_mut() => {
+                        attempts.tried(failed_target(&*e));
+                        let time_left = this.deadline.is_none_or(|d| !d.left().is_zero());
+                        let transparent = !attempts.transparent_used
+                            && time_left
+                            && retry.as_ref().is_some_and(|r| r.life().transparent_retry)
+                            && Unsent::not_acted_on(&*e);
+                        let resent = if transparent {
+                            retry.as_mut().and_then(Unsent::resend)
+                        } else {
+                            None
+                        };
+                        if let Some(mut request) = resent {
+                            // No backend acted on it: sent again at once, not counted against
+                            // the policy's attempts (gRFC A6).
+                            attempts.transparent_used = true;
+                            if let Some(trace) = this.trace.trace() {
+                                trace.retried();
+                            }
+                            let Some(unsent) = retry.take() else {
+                                return failed(this.trace, map_error(e, notes.as_deref()));
+                            };
+                            let life = Arc::clone(unsent.life());
+                            let mut balance = life.balance.clone();
+                            if let Some(target) = failed_target(&*e) {
+                                balance.avoid(target);
+                            }
+                            if attempts.made() > 1 {
+                                set_previous(&mut request, attempts.made() - 1);
+                            }
+                            State::Waiting {
+                                waiting: Box::new(Waiting {
+                                    balance,
+                                    request: Some(request),
+                                    life,
+                                    retry: Some(unsent),
+                                    again: true,
+                                }),
+                            }
+                        } else {
+                            let code = CallStatus::from_error(&*e).code;
+                            let next = match attempts.judge(code, None) {
+                                Verdict::Retry(delay) => again_after(
+                                    delay,
+                                    attempts,
+                                    retry,
+                                    this.deadline.as_ref(),
+                                    this.trace,
+                                ),
+                                Verdict::Commit => None,
+                            };
+                            match next {
+                                Some(next) => next,
+                                None => {
+                                    drop(retry.take());
+                                    let error = map_error(e, notes.as_deref());
+                                    let error = match attempts.note() {
+                                        Some(note) => noted(error, &note),
+                                        None => error,
+                                    };
+                                    return failed(this.trace, error);
+                                }
+                            }
+                        }
                     }
                     Err(e) => {
                         let again = retry.take().and_then(|r| r.again(&*e));
@@ -262,6 +418,69 @@ impl Future for ResponseFuture {
                         retry: retry.take(),
                     }
                 }
+                StateProj::Hedging { hedge, notes } => {
+                    let out = match hedge.poll(cx, this.deadline.as_ref(), this.trace) {
+                        Poll::Ready(out) => out,
+                        Poll::Pending => {
+                            if let Some(deadline) = this.deadline
+                                && expired(this.timer.as_mut(), deadline, cx)
+                            {
+                                let doing = match hedge.tried() {
+                                    Some(tried) => format!("waiting for {tried}"),
+                                    None => "waiting for an eligible target".to_owned(),
+                                };
+                                return failed(
+                                    this.trace,
+                                    deadline.exceeded(format_args!("{doing}")),
+                                );
+                            }
+                            return Poll::Pending;
+                        }
+                    };
+                    if let Some(trace) = this.trace.trace() {
+                        trace.defer(false);
+                    }
+                    let note = hedge.note();
+                    match out {
+                        Ok(mut response) => {
+                            if let Some(code) = crate::policy::trailers_only(response.headers()) {
+                                if let Some(note) = &note {
+                                    crate::policy::append_note(response.headers_mut(), note);
+                                }
+                                this.trace.end(code);
+                            }
+                            let trace = this.trace.take();
+                            let limits = this.limits.take();
+                            return Poll::Ready(Ok(response.map(|inner| ResponseBody {
+                                inner: Some(inner),
+                                trace,
+                                limits,
+                            })));
+                        }
+                        Err(e) => {
+                            let error = map_error(e, Some(notes));
+                            let error = match note {
+                                Some(note) => noted(error, &note),
+                                None => error,
+                            };
+                            return failed(this.trace, error);
+                        }
+                    }
+                }
+                StateProj::Backoff { sleep, waiting } => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let waiting = std::mem::replace(
+                        waiting,
+                        Box::new(Waiting {
+                            balance: Balance::clone(&waiting.balance),
+                            request: None,
+                            life: Arc::clone(&waiting.life),
+                            retry: None,
+                            again: true,
+                        }),
+                    );
+                    State::Waiting { waiting }
+                }
                 StateProj::Refused { error } => {
                     let error = error
                         .take()
@@ -272,6 +491,64 @@ impl Future for ResponseFuture {
             this.state.set(next);
         }
     }
+}
+
+/// Sets up a retry policy's next attempt, to be sent after `delay`: `None` when it cannot be
+/// (the request did not come back whole to be sent again, or the deadline comes first).
+fn again_after(
+    delay: std::time::Duration,
+    attempts: &mut Attempts,
+    retry: &mut Option<Unsent>,
+    deadline: Option<&Deadline>,
+    trace: &CallGuard,
+) -> Option<State> {
+    if deadline.is_some_and(|d| d.left() <= delay) {
+        return None;
+    }
+    let mut request = retry.as_mut()?.resend()?;
+    let unsent = retry.take()?;
+    let life = Arc::clone(unsent.life());
+    let mut balance = life.balance.clone();
+    if let Some(target) = attempts.last_target() {
+        balance.avoid(Arc::clone(target));
+    }
+    set_previous(&mut request, attempts.made());
+    attempts.sent_again();
+    if let Some(trace) = trace.trace() {
+        trace.policy_retried();
+    }
+    tracing::debug!(
+        attempt = attempts.made(),
+        delay_ms = delay.as_millis() as u64,
+        "retryable status; sending the call again under its retry policy"
+    );
+    Some(State::Backoff {
+        sleep: Box::pin(tokio::time::sleep(delay)),
+        waiting: Box::new(Waiting {
+            balance,
+            request: Some(request),
+            life,
+            retry: Some(unsent),
+            again: true,
+        }),
+    })
+}
+
+/// Tells the backend how many attempts of the call came before this one.
+fn set_previous(request: &mut Request, previous: u32) {
+    request
+        .headers_mut()
+        .insert(PREVIOUS_ATTEMPTS, http::HeaderValue::from(previous));
+}
+
+/// The final status of a call a retry policy sent more than once, its message naming the
+/// targets tried.
+fn noted(error: BoxError, note: &str) -> BoxError {
+    let status = Status::from_error(error);
+    Box::new(Status::new(
+        status.code(),
+        format!("{} {note}", status.message()),
+    ))
 }
 
 /// The call failed: its status ends its trace.

@@ -164,6 +164,8 @@ pub mod error;
 #[cfg(feature = "kit")]
 pub mod future;
 #[cfg(feature = "kit")]
+mod hedge;
+#[cfg(feature = "kit")]
 mod kit;
 #[cfg(feature = "kit")]
 mod life;
@@ -173,9 +175,11 @@ pub mod metrics;
 mod observe;
 #[cfg(feature = "kit")]
 mod per_target;
+
+mod policy;
 #[cfg(feature = "kit")]
 mod registry;
-#[cfg(feature = "kit")]
+
 mod retry;
 #[cfg(feature = "kit")]
 mod service;

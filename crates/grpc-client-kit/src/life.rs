@@ -123,6 +123,8 @@ pub(crate) struct Life {
     pub(crate) transparent_retry: bool,
     /// The service config, when its methods have settings the kit applies to calls.
     pub(crate) calls: Option<Arc<crate::service_config::ServiceConfig>>,
+    /// The methods' retry policies and the kit's retry throttle, when a method has one.
+    pub(crate) retries: Option<Arc<crate::policy::Retries>>,
     /// The service config as given (for [`Kit::service_config`](crate::Kit::service_config)).
     pub(crate) service_config: Option<Arc<crate::service_config::ServiceConfig>>,
 }

@@ -9,11 +9,13 @@
 //!
 //! | metric | type | unit | labels | meaning |
 //! |---|---|---|---|---|
-//! | `grpc.client.attempt.started` | counter | count | `grpc.method`, `grpc.target` | Attempts started: each time the kit sends a call to a backend (a transparent retry is a second attempt). |
+//! | `grpc.client.attempt.started` | counter | count | `grpc.method`, `grpc.target` | Attempts started: each time the kit sends a call to a backend (a transparent retry, a retry policy's retry, or a hedge is another attempt). |
 //! | `grpc.client.attempt.duration` | histogram | seconds | `grpc.method`, `grpc.target`, `grpc.status` | Time from sending an attempt to a backend to its status (trailers, error, or the caller giving up). |
 //! | `grpc.client.call.duration` | histogram | seconds | `grpc.method`, `grpc.target`, `grpc.status` | Time from the call reaching the kit's channel to its status, as the caller sees it: waits for a target and every attempt included. |
 //! | `grpc_client_kit.attempts` | counter | count | `grpc.target`, `grpc_client_kit.backend`, `grpc.status` | Attempts ended, per backend and status. |
 //! | `grpc_client_kit.transparent_retries` | counter | count | `grpc.method`, `grpc.target` | Calls no backend acted on (never sent, or refused), sent again to another backend. |
+//! | `grpc_client_kit.retries` | counter | count | `grpc.method`, `grpc.target` | Attempts sent again under a method's retry policy (gRFC A6) after a retryable status. |
+//! | `grpc_client_kit.hedges` | counter | count | `grpc.method`, `grpc.target` | Hedged attempts sent under a method's hedging policy (gRFC A6), the first attempt not counted. |
 //! | `grpc_client_kit.targets.known` | gauge | count | `grpc.target` | Backends the balancer knows (configured, or found by DNS). |
 //! | `grpc_client_kit.targets.eligible` | gauge | count | `grpc.target` | Backends the balancer picks from now. |
 //! | `grpc_client_kit.breaker.state` | gauge | — | `grpc.target`, `grpc_client_kit.backend` | A backend's circuit breaker: -1 disabled, 0 closed, 1 half-open, 2 open, 3 forced open. |
@@ -52,7 +54,11 @@
 //! and ends with that backend's answer. A call the kit sends again after a backend provably
 //! did not act on it ([transparent retry](crate::KitBuilder::transparent_retry)) has two
 //! attempts; a call that found no eligible backend has none (only its `call.duration`, with
-//! `UNAVAILABLE`). The kit has no configured retries and no hedging: no metric for them.
+//! `UNAVAILABLE`). A call a method's retry policy sends again has one attempt per send,
+//! each counted for its own backend, and one `grpc_client_kit.retries` per retry; a hedged call
+//! has one attempt per hedge, and one `grpc_client_kit.hedges` per hedge after the first
+//! attempt (the attempts it cancels end `CANCELLED` in the attempt metrics, and count neither
+//! for nor against their backends in the breaker and quarantine).
 //!
 //! # Histograms in Prometheus
 //!
@@ -158,6 +164,10 @@ pub const CALL_DURATION: &str = "grpc.client.call.duration";
 pub const ATTEMPTS: &str = "grpc_client_kit.attempts";
 /// `grpc_client_kit.transparent_retries`.
 pub const TRANSPARENT_RETRIES: &str = "grpc_client_kit.transparent_retries";
+/// `grpc_client_kit.retries`.
+pub const RETRIES: &str = "grpc_client_kit.retries";
+/// `grpc_client_kit.hedges`.
+pub const HEDGES: &str = "grpc_client_kit.hedges";
 /// `grpc_client_kit.targets.known`.
 pub const TARGETS_KNOWN: &str = "grpc_client_kit.targets.known";
 /// `grpc_client_kit.targets.eligible`.
@@ -178,7 +188,7 @@ pub const METRICS: &[MetricSpec] = &[
         kind: MetricKind::Counter,
         unit: Some(Unit::Count),
         labels: &[METHOD, TARGET],
-        description: "Attempts started: each time the kit sends a call to a backend (a transparent retry is a second attempt).",
+        description: "Attempts started: each time the kit sends a call to a backend (a transparent retry, a retry policy's retry, or a hedge is another attempt).",
     },
     MetricSpec {
         name: ATTEMPT_DURATION,
@@ -207,6 +217,20 @@ pub const METRICS: &[MetricSpec] = &[
         unit: Some(Unit::Count),
         labels: &[METHOD, TARGET],
         description: "Calls no backend acted on (never sent, or refused), sent again to another backend.",
+    },
+    MetricSpec {
+        name: RETRIES,
+        kind: MetricKind::Counter,
+        unit: Some(Unit::Count),
+        labels: &[METHOD, TARGET],
+        description: "Attempts sent again under a method's retry policy (gRFC A6) after a retryable status.",
+    },
+    MetricSpec {
+        name: HEDGES,
+        kind: MetricKind::Counter,
+        unit: Some(Unit::Count),
+        labels: &[METHOD, TARGET],
+        description: "Hedged attempts sent under a method's hedging policy (gRFC A6), the first attempt not counted.",
     },
     MetricSpec {
         name: TARGETS_KNOWN,
@@ -476,6 +500,26 @@ impl CallMeter {
             STATUS => code_name(code)
         )
         .record(self.start.elapsed().as_secs_f64());
+    }
+
+    /// A hedged attempt of the call is sent.
+    pub(crate) fn hedged(&self) {
+        ::metrics::counter!(
+            HEDGES,
+            METHOD => self.method.clone(),
+            TARGET => self.kit.target()
+        )
+        .increment(1);
+    }
+
+    /// The call is sent again under its method's retry policy.
+    pub(crate) fn policy_retried(&self) {
+        ::metrics::counter!(
+            RETRIES,
+            METHOD => self.method.clone(),
+            TARGET => self.kit.target()
+        )
+        .increment(1);
     }
 
     /// The call is sent again (transparent retry).

@@ -79,6 +79,7 @@ impl Observer {
             span,
             attempts: AtomicU32::new(0),
             ended: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
             #[cfg(feature = "metrics")]
             meter: self.metrics.call(req),
         }))
@@ -110,6 +111,9 @@ pub(crate) struct CallTrace {
     span: Span,
     attempts: AtomicU32,
     ended: AtomicBool,
+    /// A retry policy may send the call again after an answer: the kit's future, not the
+    /// attempt's status, ends the call while this is set.
+    deferred: AtomicBool,
     #[cfg(feature = "metrics")]
     meter: crate::metrics::CallMeter,
 }
@@ -143,6 +147,23 @@ impl CallTrace {
     pub(crate) fn retried(&self) {
         #[cfg(feature = "metrics")]
         self.meter.retried();
+    }
+
+    /// The call is sent again under its method's retry policy.
+    pub(crate) fn policy_retried(&self) {
+        #[cfg(feature = "metrics")]
+        self.meter.policy_retried();
+    }
+
+    /// The call is sent again to another backend, hedged.
+    pub(crate) fn hedged(&self) {
+        #[cfg(feature = "metrics")]
+        self.meter.hedged();
+    }
+
+    /// Whether an answer ends the call (`false` while a retry policy may still send it again).
+    pub(crate) fn defer(&self, deferred: bool) {
+        self.deferred.store(deferred, Ordering::Release);
     }
 }
 
@@ -288,7 +309,7 @@ impl OnOutcome for AttemptEnd {
             .attempt_ended(&self.trace.meter, self.start, code);
         // A backend answered: the call is not sent again, this is its status. (An error is
         // the kit's to judge: it may send the call again, or fail it.)
-        if answered {
+        if answered && !self.trace.deferred.load(Ordering::Acquire) {
             self.trace.end(code);
         }
     }

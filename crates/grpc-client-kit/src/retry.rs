@@ -219,10 +219,50 @@ impl Unsent {
         )
     }
 
+    /// The kit the call belongs to.
+    pub(crate) fn life(&self) -> &Arc<Life> {
+        &self.shared.life
+    }
+
+    /// Whether `error` proves the backend did not act on the call.
+    pub(crate) fn not_acted_on(error: &(dyn Error + 'static)) -> bool {
+        never_sent(error) || refused_by_server(error) || closed_before_server_spoke(error)
+    }
+
+    /// The request again for one more attempt, keeping what is needed to send it yet again
+    /// (a retry policy's): the same head (with the extensions the balancer reads), and the
+    /// body as the last attempt gave it back, sent down in a new [`Handoff`]. `None` when the
+    /// body has not come back whole (too long to keep, over the kit's budget, or still held
+    /// by the last attempt).
+    pub(crate) fn resend(&mut self) -> Option<Request> {
+        let head = self.head.as_ref()?;
+        let returned = lock(&self.shared.slot).take()?;
+        let body = returned.into_body(&self.shared.life.state);
+        let handoff = Handoff {
+            inner: Some(body),
+            read: false,
+            ended: false,
+            kept: Kept::default(),
+            shared: Arc::clone(&self.shared),
+        };
+        let mut req = http::Request::new(tonic::body::Body::new(handoff));
+        *req.method_mut() = head.method.clone();
+        *req.uri_mut() = head.uri.clone();
+        *req.version_mut() = head.version;
+        *req.headers_mut() = head.headers.clone();
+        if let Some(wait) = head.extensions.get::<balance_layer::WaitForReady>() {
+            req.extensions_mut().insert(*wait);
+        }
+        if let Some(hash) = head.extensions.get::<balance_layer::RequestHash>() {
+            req.extensions_mut().insert(*hash);
+        }
+        Some(req)
+    }
+
     /// The request again (and the kit, to choose its target), if `error` proves the backend
     /// did not act on it and its body came back.
     pub(crate) fn again(mut self, error: &(dyn Error + 'static)) -> Option<(Request, Arc<Life>)> {
-        if !never_sent(error) && !refused_by_server(error) && !closed_before_server_spoke(error) {
+        if !Self::not_acted_on(error) {
             return None;
         }
         let returned = lock(&self.shared.slot).take()?;

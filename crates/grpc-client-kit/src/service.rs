@@ -9,8 +9,10 @@ use tower_service::Service;
 
 use crate::error::{BoxError, KitShutDown};
 use crate::future::{ResponseBody, ResponseFuture};
+use crate::hedge::Hedge;
 use crate::life::Life;
 use crate::observe::CallGuard;
+use crate::policy::CallPolicy;
 use crate::retry::{Retrier, Unsent};
 use crate::stack::{Deadline, KitDiscover, Request};
 
@@ -121,7 +123,30 @@ impl Service<Request> for KitChannel {
         if next == Next::Refuse {
             return ResponseFuture::refused(Box::new(KitShutDown::new()), trace);
         }
-        let retry = self.life.transparent_retry;
+        // The method's retry policy (gRFC A6), if it has one: the call keeps its request to
+        // send again, and names the targets its attempts went to.
+        let policy = match &self.life.retries {
+            Some(retries) => retries.for_call(req.uri().path()),
+            None => None,
+        };
+        if policy.is_some()
+            && let Some(trace) = trace.trace()
+        {
+            trace.defer(true);
+        }
+        let policy = match policy {
+            Some(CallPolicy::Retry(attempts)) => Some(attempts),
+            Some(CallPolicy::Hedge(hedging, throttle)) => {
+                // The balancer handle (and the target it reserved, if any) takes the first
+                // attempt; this handle starts afresh.
+                let balance = std::mem::replace(&mut self.balance, self.life.balance.clone());
+                let deadline = Deadline::of(&req);
+                let hedge = Hedge::new(req, hedging, throttle, self.life.clone(), balance);
+                return ResponseFuture::hedging(hedge, self.life.clone(), deadline, trace, limits);
+            }
+            None => None,
+        };
+        let retry = self.life.transparent_retry || policy.is_some();
         if next == Next::Reserved {
             let state = &self.life.state;
             // Only while something is amiss (DNS failing, shutting down) does a call carry the
@@ -131,18 +156,25 @@ impl Service<Request> for KitChannel {
                 let mut req = req;
                 trace.attach(&mut req);
                 let inner = trace.in_span(|| self.balance.call(req));
-                return ResponseFuture::called(inner, notes, None, None, trace, limits);
+                return ResponseFuture::called(inner, notes, None, None, trace, limits, None);
             }
             let deadline = Deadline::of(&req);
             let (mut req, unsent) = Unsent::split(req, &mut self.retrier, &self.life);
             trace.attach(&mut req);
             let inner = trace.in_span(|| self.balance.call(req));
-            return ResponseFuture::called(inner, notes, Some(unsent), deadline, trace, limits);
+            return ResponseFuture::called(
+                inner,
+                notes,
+                Some(unsent),
+                deadline,
+                trace,
+                limits,
+                policy,
+            );
         }
         // The balancer handle, waiting on the targets it tried, goes with the call; this
         // handle starts afresh.
         let balance = std::mem::replace(&mut self.balance, self.life.balance.clone());
-        let deadline = Deadline::of(&req);
         let (req, unsent) = if retry {
             let (req, unsent) = Unsent::split(req, &mut self.retrier, &self.life);
             (req, Some(unsent))
@@ -154,9 +186,9 @@ impl Service<Request> for KitChannel {
             req,
             self.life.clone(),
             unsent,
-            deadline,
             trace,
             limits,
+            policy,
         )
     }
 }

@@ -124,6 +124,17 @@ impl Deadline {
     }
 }
 
+/// Asks the target's [`Labeled`] to name itself on the response ([`AnsweredBy`]): a call
+/// under a retry policy, which names the targets it tried.
+/// A hedged attempt's also holds a slot where the target it went to is written when the
+/// call reaches it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TrackTarget(pub(crate) Option<Arc<std::sync::OnceLock<Arc<str>>>>);
+
+/// The target that answered, on a response whose request asked ([`TrackTarget`]).
+#[derive(Debug, Clone)]
+pub(crate) struct AnsweredBy(pub(crate) Arc<str>);
+
 /// A deadline as the messages say it: `300 ms` below a second, `1.5 s` above.
 pub(crate) struct Waited(pub(crate) Duration);
 
@@ -190,11 +201,21 @@ where
             .get::<Deadline>()
             .copied()
             .or_else(|| Deadline::of(&req));
+        let track = match req.extensions().get::<TrackTarget>() {
+            Some(TrackTarget(slot)) => {
+                if let Some(slot) = slot {
+                    let _ = slot.set(self.link.target.clone());
+                }
+                true
+            }
+            None => false,
+        };
         LabeledFuture {
             inner: self.inner.call(req),
             link: Some(self.link.clone()),
             deadline,
             timer: None,
+            track,
         }
     }
 }
@@ -209,6 +230,8 @@ pin_project! {
         // Made the first time the call has to wait.
         #[pin]
         timer: Option<Sleep>,
+        // The request asked for the target's name on the response.
+        track: bool,
     }
 }
 
@@ -248,6 +271,13 @@ where
                 let mut response = response;
                 if let Some(deadline) = &deadline {
                     cancelled_at_deadline(&link.target, deadline, response.headers_mut());
+                }
+                // A trailers-only response (a status: what a retry policy judges) names its
+                // target too; a response with headers only when asked (hedging).
+                if *this.track || response.headers().contains_key("grpc-status") {
+                    response
+                        .extensions_mut()
+                        .insert(AnsweredBy(link.target.clone()));
                 }
                 Ok(response.map(|inner| LabeledBody {
                     inner,

@@ -300,6 +300,69 @@ async fn a_scripted_run_records_every_documented_metric_as_documented() {
         .await
     );
 
+    // A third kit, "retrying", whose methods have a retry policy (gRFC A6): its backend
+    // answers UNAVAILABLE once, and the call is sent again (two attempts, each counted for
+    // its backend, one retry; the call itself ends OK).
+    let third = Backends::start(1).await.unwrap();
+    let r = third.uris();
+    third[0].fail_next(1, Code::Unavailable);
+    let retrying_kit = Kit::builder()
+        .name("retrying")
+        .targets(r.clone())
+        .without_health()
+        .service_config(
+            r#"{"methodConfig": [{"name": [{"service": "gck.test.v1.TestService"}],
+                "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.001s",
+                    "maxBackoff": "0.001s", "backoffMultiplier": 1,
+                    "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#,
+        )
+        .build()
+        .unwrap();
+    TestServiceClient::new(retrying_kit.channel())
+        .unary(Ping::default())
+        .await
+        .unwrap();
+    let retrying = [(m::TARGET, "retrying")];
+    assert_eq!(seen.count(m::RETRIES, &retrying), 1);
+    assert_eq!(seen.count(m::ATTEMPT_STARTED, &retrying), 2);
+    let retried_ok = [(m::TARGET, "retrying"), (m::STATUS, "OK")];
+    assert_eq!(seen.count(m::CALL_DURATION, &retrying), 1);
+    assert_eq!(seen.count(m::CALL_DURATION, &retried_ok), 1);
+    let r_unavailable = [(m::BACKEND, r[0].as_str()), (m::STATUS, "UNAVAILABLE")];
+    assert_eq!(seen.count(m::ATTEMPTS, &r_unavailable), 1);
+    let r_ok = [(m::BACKEND, r[0].as_str()), (m::STATUS, "OK")];
+    assert_eq!(seen.count(m::ATTEMPTS, &r_ok), 1);
+    assert_eq!(seen.count(m::RETRIES, &checkout), 0);
+
+    // A fourth kit, "hedging", whose methods are hedged with no delay: both attempts go at
+    // once (one hedge: both backends take 100 ms to answer, so the second attempt goes
+    // before the first one is answered), the first answer wins and the call ends OK once.
+    let pair = Backends::start(2).await.unwrap();
+    for b in pair.iter() {
+        b.set_delay(Duration::from_millis(100));
+    }
+    let hedging_kit = Kit::builder()
+        .name("hedging")
+        .targets(pair.uris())
+        .without_health()
+        .service_config(
+            r#"{"methodConfig": [{"name": [{"service": "gck.test.v1.TestService"}],
+                "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0s"}}]}"#,
+        )
+        .build()
+        .unwrap();
+    TestServiceClient::new(hedging_kit.channel())
+        .unary(Ping::default())
+        .await
+        .unwrap();
+    let hedging = [(m::TARGET, "hedging")];
+    assert_eq!(seen.count(m::HEDGES, &hedging), 1);
+    assert_eq!(seen.count(m::ATTEMPT_STARTED, &hedging), 2);
+    let hedged_ok = [(m::TARGET, "hedging"), (m::STATUS, "OK")];
+    assert_eq!(seen.count(m::CALL_DURATION, &hedging), 1);
+    assert_eq!(seen.count(m::CALL_DURATION, &hedged_ok), 1);
+    assert_eq!(seen.count(m::HEDGES, &checkout), 0);
+
     // Every documented metric was recorded (and each recorded one matched the table).
     let names = seen.names();
     for spec in METRICS {

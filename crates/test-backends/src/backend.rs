@@ -352,6 +352,13 @@ impl Backend {
         self.shared.faults.fail_always(code);
     }
 
+    /// Injected failures (of [`fail_next`](Self::fail_next) and
+    /// [`fail_always`](Self::fail_always)) carry `grpc-retry-pushback-ms: value` (gRFC A6's
+    /// server pushback; any text, to test malformed ones) until called with `None`.
+    pub fn set_pushback(&self, value: Option<&str>) {
+        self.shared.faults.set_pushback(value);
+    }
+
     // ----- counters -----
 
     /// Test-service calls received (both methods; answered or failed).
@@ -391,6 +398,17 @@ impl Backend {
     /// of the most recent request of any service; `None` before the first one.
     pub fn last_request_headers(&self) -> Option<http::HeaderMap> {
         self.shared.counters.last_request_headers()
+    }
+
+    /// The headers of the last 32 test-service requests, oldest first.
+    pub fn recent_request_headers(&self) -> Vec<http::HeaderMap> {
+        self.shared.counters.recent_request_headers()
+    }
+
+    /// Unary test-service calls dropped before they were answered (their client cancelled
+    /// them, or went away): while delayed, typically.
+    pub fn cancelled(&self) -> u64 {
+        self.shared.counters.cancelled.load(Ordering::Relaxed)
     }
 
     /// Resets every counter (and the last headers) except `open_connections`, which is a gauge.

@@ -25,6 +25,8 @@ pub(crate) struct Faults {
     fail_remaining: AtomicU64,
     fail_next_code: AtomicI32,
     fail_always: AtomicI32,
+    /// `grpc-retry-pushback-ms` sent with injected failures (read only when a call fails).
+    pushback: Mutex<Option<String>>,
 }
 
 impl Default for Faults {
@@ -34,6 +36,7 @@ impl Default for Faults {
             fail_remaining: AtomicU64::new(0),
             fail_next_code: AtomicI32::new(NO_CODE),
             fail_always: AtomicI32::new(NO_CODE),
+            pushback: Mutex::new(None),
         }
     }
 }
@@ -59,6 +62,23 @@ impl Faults {
         self.fail_always.store(raw, Ordering::Release);
     }
 
+    pub(crate) fn set_pushback(&self, value: Option<&str>) {
+        *lock(&self.pushback) = value.map(str::to_owned);
+    }
+
+    /// An injected failure's status, with the pushback if one is set.
+    fn failure_status(&self, code: Code, name: &str) -> Status {
+        let mut status = Status::new(code, format!("{name}: injected failure"));
+        if let Some(value) = lock(&self.pushback).as_deref()
+            && let Ok(value) = value.parse()
+        {
+            status
+                .metadata_mut()
+                .insert("grpc-retry-pushback-ms", value);
+        }
+        status
+    }
+
     /// Decides, once per call on arrival, whether this call fails and with which code.
     fn take_failure(&self) -> Option<Code> {
         let always = self.fail_always.load(Ordering::Acquire);
@@ -79,9 +99,16 @@ pub(crate) struct Counters {
     pub(crate) health_checks: AtomicU64,
     pub(crate) open_connections: AtomicU64,
     pub(crate) connections_accepted: AtomicU64,
+    /// Test-service calls whose client went away before they were answered.
+    pub(crate) cancelled: AtomicU64,
     per_path: Mutex<HashMap<String, u64>>,
     last_headers: Mutex<Option<http::HeaderMap>>,
+    /// The headers of the last [`HEADERS_KEPT`] test-service requests, oldest first.
+    recent_headers: Mutex<std::collections::VecDeque<http::HeaderMap>>,
 }
+
+/// How many requests' headers a backend keeps (the oldest go first).
+const HEADERS_KEPT: usize = 32;
 
 impl Counters {
     /// Called by the server's recording layer for every request, of any service.
@@ -99,6 +126,13 @@ impl Counters {
         }
         drop(per_path);
         *lock(&self.last_headers) = Some(req.headers().clone());
+        if path != HEALTH_CHECK_PATH && path != HEALTH_WATCH_PATH {
+            let mut recent = lock(&self.recent_headers);
+            if recent.len() == HEADERS_KEPT {
+                recent.pop_front();
+            }
+            recent.push_back(req.headers().clone());
+        }
     }
 
     pub(crate) fn hits_for(&self, path: &str) -> u64 {
@@ -109,13 +143,19 @@ impl Counters {
         lock(&self.last_headers).clone()
     }
 
+    pub(crate) fn recent_request_headers(&self) -> Vec<http::HeaderMap> {
+        lock(&self.recent_headers).iter().cloned().collect()
+    }
+
     /// Resets every counter except `open_connections` (a gauge of what is open now).
     pub(crate) fn reset(&self) {
         self.hits.store(0, Ordering::Relaxed);
         self.health_checks.store(0, Ordering::Relaxed);
         self.connections_accepted.store(0, Ordering::Relaxed);
+        self.cancelled.store(0, Ordering::Relaxed);
         lock(&self.per_path).clear();
         *lock(&self.last_headers) = None;
+        lock(&self.recent_headers).clear();
     }
 }
 
@@ -136,7 +176,7 @@ impl TestServiceImpl {
         let failure = self
             .faults
             .take_failure()
-            .map(|code| Status::new(code, format!("{}: injected failure", self.name)));
+            .map(|code| self.faults.failure_status(code, &self.name));
         let delay = self.faults.delay();
         if !delay.is_zero() {
             tokio::select! {
@@ -158,13 +198,33 @@ impl TestServiceImpl {
     }
 }
 
+/// Counts a call dropped (its client went away) before it was answered.
+struct CancelWatch<'a>(Option<&'a Counters>);
+
+impl CancelWatch<'_> {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelWatch<'_> {
+    fn drop(&mut self) {
+        if let Some(counters) = self.0 {
+            counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The response stream of `ServerStream`.
 type PongStream = Pin<Box<dyn Stream<Item = Result<Pong, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl TestService for TestServiceImpl {
     async fn unary(&self, request: Request<Ping>) -> Result<Response<Pong>, Status> {
+        // Counts the call as cancelled if it is dropped before it is answered.
+        let watch = CancelWatch(Some(&self.counters));
         let (seq, failure) = self.admit().await?;
+        watch.answered();
         if let Some(status) = failure {
             // Trailers-only response.
             return Err(status);

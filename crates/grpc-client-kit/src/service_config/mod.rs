@@ -14,7 +14,7 @@
 //! | `methodConfig[].timeout` | the call's deadline, unless the call's own is sooner |
 //! | `methodConfig[].waitForReady` | whether the call waits for an eligible target |
 //! | `methodConfig[].maxRequestMessageBytes`, `maxResponseMessageBytes` | a message longer (as sent on the wire) fails the call with `RESOURCE_EXHAUSTED` naming the limit |
-//! | `methodConfig[].retryPolicy`, `hedgingPolicy`, `retryThrottling` | read and validated (gRFC A6) into [`RetryPolicy`], [`HedgingPolicy`], [`RetryThrottling`], but **not applied yet**: the kit does not retry or hedge calls a backend acted on |
+//! | `methodConfig[].retryPolicy`, `hedgingPolicy`, `retryThrottling` | read and validated (gRFC A6) into [`RetryPolicy`], [`HedgingPolicy`], [`RetryThrottling`], and applied to calls as A6 says (but `perAttemptRecvTimeout`, read and not applied): see [`RetryPolicy`] and [`HedgingPolicy`] |
 //!
 //! A method's settings come from the `methodConfig` entry whose `name` is the method itself
 //! (`{"service": "pkg.Service", "method": "Method"}`), else the service's
@@ -100,23 +100,27 @@ impl ServiceConfig {
     /// The settings of the method at `path` (`/pkg.Service/Method`, as a request's URI path
     /// has it): its own entry, else its service's, else the default entry, else `None`.
     pub fn method(&self, path: &str) -> Option<&MethodConfig> {
+        self.methods.get(self.method_index(path)?)
+    }
+
+    /// The index in [`method_configs`](Self::method_configs) of the settings of the method at
+    /// `path`, as [`method`](Self::method) finds them.
+    pub(crate) fn method_index(&self, path: &str) -> Option<usize> {
         if self.methods.is_empty() {
             return None;
         }
         let name = path.strip_prefix('/').unwrap_or(path);
-        let index = self
-            .by_name
+        self.by_name
             .get(name)
             .or_else(|| {
                 let (service, _) = name.split_once('/')?;
                 self.by_name.get(service)
             })
             .copied()
-            .or(self.default)?;
-        self.methods.get(index)
+            .or(self.default)
     }
 
-    /// Top-level `retryThrottling` (read and validated; not applied yet).
+    /// Top-level `retryThrottling`: one token bucket per kit for its retries and hedges.
     pub fn retry_throttling(&self) -> Option<&RetryThrottling> {
         self.retry_throttling.as_ref()
     }
@@ -217,14 +221,30 @@ pub struct MethodConfig {
     pub max_request_message_bytes: Option<u32>,
     /// `maxResponseMessageBytes`: the longest response message the call accepts.
     pub max_response_message_bytes: Option<u32>,
-    /// `retryPolicy` (validated; **not applied yet**).
+    /// `retryPolicy`: the method's calls are retried after a retryable status.
     pub retry_policy: Option<RetryPolicy>,
-    /// `hedgingPolicy` (validated; **not applied yet**).
+    /// `hedgingPolicy`: the method's calls are hedged (when it has one, it has no
+    /// `retryPolicy`).
     pub hedging_policy: Option<HedgingPolicy>,
 }
 
-/// A method's `retryPolicy`, validated as gRFC A6 says. **Not applied yet**: the kit only
-/// sends again a call no backend acted on (its transparent retry).
+/// A method's `retryPolicy`, validated and applied as gRFC A6 says.
+///
+/// A call that ends with a status in `retryableStatusCodes` (a trailers-only response, or an
+/// error the kit makes into such a status) is sent again, to another eligible target when
+/// there is one, after a random delay between zero and the current backoff (`initialBackoff`,
+/// times `backoffMultiplier` after each retry, at most `maxBackoff`) — or after exactly the
+/// server's `grpc-retry-pushback-ms` (a negative or malformed one stops retrying), up to
+/// `maxAttempts` attempts (at most 5), while the kit's [`RetryThrottling`] allows. Each
+/// attempt after the first carries `grpc-previous-rpc-attempts`.
+///
+/// The call is committed (never sent again) once response headers arrive, or when its
+/// request cannot be replayed whole: the kit keeps up to 64 KiB of a call's request body, and
+/// 64 MiB for all of a kit's calls. The caller's deadline bounds every attempt and backoff
+/// together; each attempt carries what is left of it. The caller sees the last attempt's
+/// status, its message ending with the targets tried (`(attempts: http://a, http://b)`).
+/// A call no backend acted on is still sent again at once (the transparent retry, once per
+/// call), not counted against `maxAttempts`. `perAttemptRecvTimeout` is read, not applied.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RetryPolicy {
@@ -242,7 +262,20 @@ pub struct RetryPolicy {
     pub per_attempt_recv_timeout: Option<Duration>,
 }
 
-/// A method's `hedgingPolicy`, validated as gRFC A6 says. **Not applied yet.**
+/// A method's `hedgingPolicy`, validated and applied as gRFC A6 says.
+///
+/// The call's request body is read first and kept whole when it is ready at once, as a unary
+/// call's is (up to 64 KiB, within the kit's 64 MiB); a longer one, or one not ready at once (a
+/// client stream), is sent once, unhedged. The first attempt goes at once; while none
+/// has answered, another goes after each `hedgingDelay`, to another target than the last one
+/// when there is one, up to `maxAttempts` (at most 5) while the kit's [`RetryThrottling`]
+/// allows; each carries `grpc-previous-rpc-attempts`. The first response headers win and the
+/// other attempts are cancelled — counted neither for nor against their targets. A status not
+/// in `nonFatalStatusCodes` ends the call at once with it; a non-fatal one ends its attempt
+/// only, and the next goes at once (or after the server's `grpc-retry-pushback-ms`; a
+/// negative or malformed one stops hedging). When every attempt failed, the call ends with
+/// the last status, its message naming the targets tried. The caller's deadline bounds the
+/// whole.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct HedgingPolicy {
@@ -254,7 +287,11 @@ pub struct HedgingPolicy {
     pub non_fatal_status_codes: Vec<Code>,
 }
 
-/// The top-level `retryThrottling`, validated as gRFC A6 says. **Not applied yet.**
+/// The top-level `retryThrottling`, validated and applied as gRFC A6 says: one bucket of
+/// `maxTokens` per kit; each attempt that ends with a retryable (or non-fatal) status takes a
+/// token, each success gives back `tokenRatio`; no retry or hedge starts while the tokens are
+/// at or below half of `maxTokens`. (A call committed with response headers counts as a
+/// success.)
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct RetryThrottling {
