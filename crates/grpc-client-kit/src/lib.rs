@@ -175,11 +175,11 @@ pub mod metrics;
 mod observe;
 #[cfg(feature = "kit")]
 mod per_target;
-
+#[cfg(feature = "kit")]
 mod policy;
 #[cfg(feature = "kit")]
 mod registry;
-
+#[cfg(feature = "kit")]
 mod retry;
 #[cfg(feature = "kit")]
 mod service;
