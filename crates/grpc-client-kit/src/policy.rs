@@ -314,7 +314,7 @@ pub(crate) fn pushback(headers: Option<&HeaderMap>) -> Result<Option<Duration>, 
 
 /// The status of a trailers-only response (`grpc-status` in its headers), if it is one.
 pub(crate) fn trailers_only(headers: &HeaderMap) -> Option<Code> {
-    let value = headers.get("grpc-status")?.to_str().ok()?;
+    let value = headers.get(&crate::stack::GRPC_STATUS)?.to_str().ok()?;
     value.parse::<i32>().ok().map(Code::from_i32)
 }
 

@@ -274,7 +274,7 @@ where
                 }
                 // A trailers-only response (a status: what a retry policy judges) names its
                 // target too; a response with headers only when asked (hedging).
-                if *this.track || response.headers().contains_key("grpc-status") {
+                if *this.track || response.headers().contains_key(&GRPC_STATUS) {
                     response
                         .extensions_mut()
                         .insert(AnsweredBy(link.target.clone()));
@@ -413,7 +413,8 @@ fn cancelled_at_deadline(target: &str, deadline: &Deadline, headers: &mut http::
     let _ = status.add_header(headers);
 }
 
-static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+/// `grpc-status`, as a ready header name (a string key is parsed on every lookup).
+pub(crate) static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 static GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 
 /// An error while the body is read names the target; a reset the server sent keeps the code
