@@ -85,6 +85,14 @@ macro_rules! keepalive_soak {
             async fn soak_with_a_10s_probe_keepalive() {
                 crate::matrix::soak_with_a_10s_keepalive($imp).await;
             }
+
+            /// Ping enforcement alone (no connection age or idleness): the shortest probe
+            /// keepalive (1 s) refused three times and doubled to 8 s, nothing else changing.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "a soak: run .ci/interop-setup (or .ci/run)"]
+            async fn soak_with_ping_enforcement() {
+                crate::matrix::soak_with_ping_enforcement($imp).await;
+            }
         }
     )*};
 }

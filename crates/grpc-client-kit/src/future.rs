@@ -57,6 +57,11 @@ pin_project! {
             inner: Inner,
             notes: Option<Arc<KitState>>,
             retry: Option<Unsent>,
+            // The attempt failed while its request body was still below (the connection had
+            // not dropped it yet): its error, kept while the body comes back to be sent again.
+            parked: Option<Box<BodyWait>>,
+            // Whether the call has waited so once (it does not wait twice for one attempt).
+            waited: bool,
         },
         // No target was ready when the call was made, or the first attempt reached no backend
         // (or one that refused it): waiting for the balancer to reserve a ready target.
@@ -77,6 +82,17 @@ pin_project! {
             error: Option<BoxError>,
         },
     }
+}
+
+/// The longest a failed attempt waits for its request body to come back before the call
+/// decides without it (the connection drops a body within microseconds of the stream's end;
+/// this bounds a connection task that is slow to run).
+const BODY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A failed attempt's error, kept while its request body comes back (a rare path: boxed).
+struct BodyWait {
+    error: BoxError,
+    cap: Pin<Box<Sleep>>,
 }
 
 /// A call waiting for a ready target (a rare path: boxed to keep the future small).
@@ -104,6 +120,8 @@ impl ResponseFuture {
                 inner,
                 notes,
                 retry,
+                parked: None,
+                waited: false,
             },
             deadline,
             timer: None,
@@ -211,116 +229,47 @@ impl Future for ResponseFuture {
                     inner,
                     notes,
                     retry,
-                } => match ready!(inner.poll(cx)) {
-                    Ok(mut response) if let Some(attempts) = this.policy.as_deref_mut() => {
-                        let code = crate::policy::trailers_only(response.headers());
-                        if code.is_some() {
-                            // A status: the target is named for the next attempt to avoid it,
-                            // and for the caller's message.
-                            let target = response.extensions().get::<AnsweredBy>();
-                            attempts.tried(target.map(|a| a.0.clone()));
-                        }
-                        let verdict = match code {
-                            Some(code) => attempts.judge(code, Some(response.headers())),
-                            None => {
-                                attempts.committed();
-                                Verdict::Commit
-                            }
-                        };
-                        let next = match verdict {
-                            Verdict::Retry(delay) => again_after(
-                                delay,
-                                attempts,
-                                retry,
-                                this.deadline.as_ref(),
-                                this.trace,
-                            ),
-                            Verdict::Commit => None,
-                        };
-                        if let Some(next) = next {
-                            // Not committed: this attempt's answer is dropped.
-                            drop(response);
-                            next
-                        } else {
-                            drop(retry.take());
-                            if let Some(trace) = this.trace.trace() {
-                                trace.defer(false);
-                            }
-                            if let Some(code) = code {
-                                if let Some(note) = attempts.note() {
-                                    crate::policy::append_note(response.headers_mut(), &note);
+                    parked,
+                    waited,
+                } => {
+                    let result = match parked.take() {
+                        Some(mut wait) => {
+                            let back = retry
+                                .as_ref()
+                                .is_none_or(|r| r.poll_body_back(cx).is_ready());
+                            if !back && wait.cap.as_mut().poll(cx).is_pending() {
+                                if let Some(deadline) = this.deadline
+                                    && expired(this.timer.as_mut(), deadline, cx)
+                                {
+                                    return failed(
+                                        this.trace,
+                                        map_error(wait.error, notes.as_deref()),
+                                    );
                                 }
-                                // The attempt's status, deferred, is the call's.
-                                this.trace.end(code);
+                                *parked = Some(wait);
+                                return Poll::Pending;
                             }
-                            let trace = this.trace.take();
-                            let limits = this.limits.take();
-                            return Poll::Ready(Ok(response.map(|inner| ResponseBody {
-                                inner: Some(inner),
-                                trace,
-                                limits,
-                            })));
+                            Err(wait.error)
                         }
-                    }
-                    Ok(response) => {
-                        // The call is answered: nothing will be sent again.
-                        drop(retry.take());
-                        let trace = this.trace.take();
-                        let limits = this.limits.take();
-                        return Poll::Ready(Ok(response.map(|inner| ResponseBody {
-                            inner: Some(inner),
-                            trace,
-                            limits,
-                        })));
-                    }
-                    Err(_)
-                        if let Some(status) =
-                            this.limits.as_deref().and_then(|l| l.request_refused(cx)) =>
-                    {
-                        return failed(this.trace, Box::new(status));
-                    }
-                    Err(e) if let Some(attempts) = this.policy.as_deref_mut() => {
-                        attempts.tried(failed_target(&*e));
-                        let time_left = this.deadline.is_none_or(|d| !d.left().is_zero());
-                        let transparent = !attempts.transparent_used
-                            && time_left
-                            && retry.as_ref().is_some_and(|r| r.life().transparent_retry)
-                            && Unsent::not_acted_on(&*e);
-                        let resent = if transparent {
-                            retry.as_mut().and_then(Unsent::resend)
-                        } else {
-                            None
-                        };
-                        if let Some(mut request) = resent {
-                            // No backend acted on it: sent again at once, not counted against
-                            // the policy's attempts (gRFC A6).
-                            attempts.transparent_used = true;
-                            if let Some(trace) = this.trace.trace() {
-                                trace.retried();
+                        None => ready!(inner.poll(cx)),
+                    };
+                    match result {
+                        Ok(mut response) if let Some(attempts) = this.policy.as_deref_mut() => {
+                            let code = crate::policy::trailers_only(response.headers());
+                            if code.is_some() {
+                                // A status: the target is named for the next attempt to avoid it,
+                                // and for the caller's message.
+                                let target = response.extensions().get::<AnsweredBy>();
+                                attempts.tried(target.map(|a| a.0.clone()));
                             }
-                            let Some(unsent) = retry.take() else {
-                                return failed(this.trace, map_error(e, notes.as_deref()));
+                            let verdict = match code {
+                                Some(code) => attempts.judge(code, Some(response.headers())),
+                                None => {
+                                    attempts.committed();
+                                    Verdict::Commit
+                                }
                             };
-                            let life = Arc::clone(unsent.life());
-                            let mut balance = life.balance.clone();
-                            if let Some(target) = failed_target(&*e) {
-                                balance.avoid(target);
-                            }
-                            if attempts.made() > 1 {
-                                set_previous(&mut request, attempts.made() - 1);
-                            }
-                            State::Waiting {
-                                waiting: Box::new(Waiting {
-                                    balance,
-                                    request: Some(request),
-                                    life,
-                                    retry: Some(unsent),
-                                    again: true,
-                                }),
-                            }
-                        } else {
-                            let code = CallStatus::from_error(&*e).code;
-                            let next = match attempts.judge(code, None) {
+                            let next = match verdict {
                                 Verdict::Retry(delay) => again_after(
                                     delay,
                                     attempts,
@@ -330,53 +279,161 @@ impl Future for ResponseFuture {
                                 ),
                                 Verdict::Commit => None,
                             };
-                            match next {
-                                Some(next) => next,
-                                None => {
-                                    drop(retry.take());
-                                    let error = map_error(e, notes.as_deref());
-                                    let error = match attempts.note() {
-                                        Some(note) => noted(error, &note),
-                                        None => error,
-                                    };
-                                    return failed(this.trace, error);
+                            if let Some(next) = next {
+                                // Not committed: this attempt's answer is dropped.
+                                drop(response);
+                                next
+                            } else {
+                                drop(retry.take());
+                                if let Some(trace) = this.trace.trace() {
+                                    trace.defer(false);
+                                }
+                                if let Some(code) = code {
+                                    if let Some(note) = attempts.note() {
+                                        crate::policy::append_note(response.headers_mut(), &note);
+                                    }
+                                    // The attempt's status, deferred, is the call's.
+                                    this.trace.end(code);
+                                }
+                                let trace = this.trace.take();
+                                let limits = this.limits.take();
+                                return Poll::Ready(Ok(response.map(|inner| ResponseBody {
+                                    inner: Some(inner),
+                                    trace,
+                                    limits,
+                                })));
+                            }
+                        }
+                        Ok(response) => {
+                            // The call is answered: nothing will be sent again.
+                            drop(retry.take());
+                            let trace = this.trace.take();
+                            let limits = this.limits.take();
+                            return Poll::Ready(Ok(response.map(|inner| ResponseBody {
+                                inner: Some(inner),
+                                trace,
+                                limits,
+                            })));
+                        }
+                        Err(_)
+                            if let Some(status) =
+                                this.limits.as_deref().and_then(|l| l.request_refused(cx)) =>
+                        {
+                            return failed(this.trace, Box::new(status));
+                        }
+                        // The attempt may be sent again, but its body is still below: wait for it
+                        // to come back (the connection drops it as the stream ends), then decide.
+                        Err(e)
+                            if !*waited
+                                && retry.as_ref().is_some_and(Unsent::body_out)
+                                && (this.policy.is_some() || Unsent::not_acted_on(&*e)) =>
+                        {
+                            *waited = true;
+                            *parked = Some(Box::new(BodyWait {
+                                error: e,
+                                cap: Box::pin(tokio::time::sleep(BODY_WAIT)),
+                            }));
+                            continue;
+                        }
+                        Err(e) if let Some(attempts) = this.policy.as_deref_mut() => {
+                            attempts.tried(failed_target(&*e));
+                            let time_left = this.deadline.is_none_or(|d| !d.left().is_zero());
+                            let transparent = !attempts.transparent_used
+                                && time_left
+                                && retry.as_ref().is_some_and(|r| r.life().transparent_retry)
+                                && Unsent::not_acted_on(&*e);
+                            let resent = if transparent {
+                                retry.as_mut().and_then(Unsent::resend)
+                            } else {
+                                None
+                            };
+                            if let Some(mut request) = resent {
+                                // No backend acted on it: sent again at once, not counted against
+                                // the policy's attempts (gRFC A6).
+                                attempts.transparent_used = true;
+                                if let Some(trace) = this.trace.trace() {
+                                    trace.retried();
+                                }
+                                let Some(unsent) = retry.take() else {
+                                    return failed(this.trace, map_error(e, notes.as_deref()));
+                                };
+                                let life = Arc::clone(unsent.life());
+                                let mut balance = life.balance.clone();
+                                if let Some(target) = failed_target(&*e) {
+                                    balance.avoid(target);
+                                }
+                                if attempts.made() > 1 {
+                                    set_previous(&mut request, attempts.made() - 1);
+                                }
+                                State::Waiting {
+                                    waiting: Box::new(Waiting {
+                                        balance,
+                                        request: Some(request),
+                                        life,
+                                        retry: Some(unsent),
+                                        again: true,
+                                    }),
+                                }
+                            } else {
+                                let code = CallStatus::from_error(&*e).code;
+                                let next = match attempts.judge(code, None) {
+                                    Verdict::Retry(delay) => again_after(
+                                        delay,
+                                        attempts,
+                                        retry,
+                                        this.deadline.as_ref(),
+                                        this.trace,
+                                    ),
+                                    Verdict::Commit => None,
+                                };
+                                match next {
+                                    Some(next) => next,
+                                    None => {
+                                        drop(retry.take());
+                                        let error = map_error(e, notes.as_deref());
+                                        let error = match attempts.note() {
+                                            Some(note) => noted(error, &note),
+                                            None => error,
+                                        };
+                                        return failed(this.trace, error);
+                                    }
                                 }
                             }
                         }
+                        Err(e) => {
+                            let again = retry.take().and_then(|r| r.again(&*e));
+                            let Some((request, life)) = again else {
+                                return failed(this.trace, map_error(e, notes.as_deref()));
+                            };
+                            if this.deadline.is_some_and(|d| d.left().is_zero()) {
+                                // No time left to send it again: the first attempt's error.
+                                return failed(this.trace, map_error(e, notes.as_deref()));
+                            }
+                            tracing::debug!(
+                                error = %e,
+                                "no backend acted on the call; sending it to another target"
+                            );
+                            if let Some(trace) = this.trace.trace() {
+                                trace.retried();
+                            }
+                            let mut balance = life.balance.clone();
+                            if let Some(target) = failed_target(&*e) {
+                                balance.avoid(target);
+                            }
+                            // A rare path: carry the kit's state whatever it was at the call, so
+                            // that a retry meeting a shut-down kit or a failing DNS name says so.
+                            State::Waiting {
+                                waiting: Box::new(Waiting {
+                                    balance,
+                                    request: Some(request),
+                                    life,
+                                    retry: None,
+                                    again: true,
+                                }),
+                            }
+                        }
                     }
-                    Err(e) => {
-                        let again = retry.take().and_then(|r| r.again(&*e));
-                        let Some((request, life)) = again else {
-                            return failed(this.trace, map_error(e, notes.as_deref()));
-                        };
-                        if this.deadline.is_some_and(|d| d.left().is_zero()) {
-                            // No time left to send it again: the first attempt's error.
-                            return failed(this.trace, map_error(e, notes.as_deref()));
-                        }
-                        tracing::debug!(
-                            error = %e,
-                            "no backend acted on the call; sending it to another target"
-                        );
-                        if let Some(trace) = this.trace.trace() {
-                            trace.retried();
-                        }
-                        let mut balance = life.balance.clone();
-                        if let Some(target) = failed_target(&*e) {
-                            balance.avoid(target);
-                        }
-                        // A rare path: carry the kit's state whatever it was at the call, so
-                        // that a retry meeting a shut-down kit or a failing DNS name says so.
-                        State::Waiting {
-                            waiting: Box::new(Waiting {
-                                balance,
-                                request: Some(request),
-                                life,
-                                retry: None,
-                                again: true,
-                            }),
-                        }
-                    }
-                },
+                }
                 StateProj::Waiting { waiting } => {
                     let Waiting {
                         balance,
@@ -416,6 +473,8 @@ impl Future for ResponseFuture {
                         inner: balance.call(request),
                         notes: Some(life.state.clone()),
                         retry: retry.take(),
+                        parked: None,
+                        waited: false,
                     }
                 }
                 StateProj::Hedging { hedge, notes } => {

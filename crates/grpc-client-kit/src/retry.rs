@@ -32,11 +32,12 @@
 use std::error::Error;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use http::{Extensions, HeaderMap, Method, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use tonic::Status;
@@ -59,6 +60,11 @@ pub(crate) struct Shared {
     /// Whether the call may still send its request again (written under the slot's lock): once
     /// it has ended, a body given back is dropped and no frame is kept.
     open: AtomicBool,
+    /// How many [`Handoff`]s of this call are alive: the body is still below, being sent or
+    /// not yet dropped by the connection (0 or 1 in practice).
+    out: AtomicUsize,
+    /// Woken when a [`Handoff`] is dropped (its body given back, or let go).
+    back: AtomicWaker,
 }
 
 impl Shared {
@@ -139,6 +145,8 @@ impl Retrier {
             life: Arc::clone(life),
             slot: Mutex::new(None),
             open: AtomicBool::new(true),
+            out: AtomicUsize::new(0),
+            back: AtomicWaker::new(),
         });
         self.shared = Some(Arc::clone(&shared));
         shared
@@ -206,13 +214,7 @@ impl Unsent {
             }),
             shared: Arc::clone(&shared),
         };
-        let handoff = Handoff {
-            inner: Some(body),
-            read: false,
-            ended: false,
-            kept: Kept::default(),
-            shared,
-        };
+        let handoff = Handoff::new(body, shared);
         (
             http::Request::from_parts(parts, tonic::body::Body::new(handoff)),
             unsent,
@@ -222,6 +224,27 @@ impl Unsent {
     /// The kit the call belongs to.
     pub(crate) fn life(&self) -> &Arc<Life> {
         &self.shared.life
+    }
+
+    /// Ready once no attempt's body is still below (each [`Handoff`] sent down has been
+    /// dropped, and has given its body back if it could). An attempt's error can come up
+    /// before the connection has dropped the request body it was sending: a retry waits for
+    /// it here (bounded by the caller), instead of finding the slot empty.
+    pub(crate) fn poll_body_back(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.shared.out.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(());
+        }
+        self.shared.back.register(cx.waker());
+        if self.shared.out.load(Ordering::Acquire) == 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Whether an attempt's body is still below (see [`poll_body_back`](Self::poll_body_back)).
+    pub(crate) fn body_out(&self) -> bool {
+        self.shared.out.load(Ordering::Acquire) != 0
     }
 
     /// Whether `error` proves the backend did not act on the call.
@@ -238,13 +261,7 @@ impl Unsent {
         let head = self.head.as_ref()?;
         let returned = lock(&self.shared.slot).take()?;
         let body = returned.into_body(&self.shared.life.state);
-        let handoff = Handoff {
-            inner: Some(body),
-            read: false,
-            ended: false,
-            kept: Kept::default(),
-            shared: Arc::clone(&self.shared),
-        };
+        let handoff = Handoff::new(body, Arc::clone(&self.shared));
         let mut req = http::Request::new(tonic::body::Body::new(handoff));
         *req.method_mut() = head.method.clone();
         *req.uri_mut() = head.uri.clone();
@@ -328,8 +345,20 @@ pub(crate) struct Handoff {
     shared: Arc<Shared>,
 }
 
-impl Drop for Handoff {
-    fn drop(&mut self) {
+impl Handoff {
+    fn new(body: tonic::body::Body, shared: Arc<Shared>) -> Handoff {
+        shared.out.fetch_add(1, Ordering::AcqRel);
+        Handoff {
+            inner: Some(body),
+            read: false,
+            ended: false,
+            kept: Kept::default(),
+            shared,
+        }
+    }
+
+    /// Gives the body back to the slot while the call is open (else lets it go).
+    fn give_back(&mut self) {
         let returned = if !self.read {
             match self.inner.take() {
                 Some(body) => Returned::Unread(body),
@@ -352,6 +381,15 @@ impl Drop for Handoff {
             drop(slot);
             returned.discard(self.shared.budget());
         }
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        self.give_back();
+        // After the slot is filled: a call waiting for the body finds it there.
+        self.shared.out.fetch_sub(1, Ordering::AcqRel);
+        self.shared.back.wake();
     }
 }
 

@@ -460,3 +460,80 @@ async fn with_a_template_function_such_a_reset_fails_the_call_naming_its_target(
         assert!(status.message().starts_with(&mute.uri()), "{status:?}");
     }
 }
+
+/// A per-target layer that refuses the first call it sees, as a connection refused (so no
+/// backend acted on it), but holds that call's request body for a while after the error has
+/// gone up: the way hyper's connection task drops a request body a moment after the stream's
+/// error reached the caller.
+#[derive(Clone)]
+struct LateBody {
+    inner: grpc_client_kit::TargetService,
+    refused: Arc<AtomicUsize>,
+    hold: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for LateBody {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, BoxError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        if self.refused.fetch_add(1, Ordering::SeqCst) == 0 {
+            let hold = self.hold;
+            tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                drop(req);
+            });
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            return Box::pin(async move { Err(refused.into()) });
+        }
+        Box::pin(self.inner.call(req))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_whose_body_comes_back_late_is_still_sent_again() {
+    let backends = Backends::start(2).await.unwrap();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let layer = {
+        let refused = Arc::clone(&refused);
+        tower::layer::layer_fn(move |inner| LateBody {
+            inner,
+            refused: Arc::clone(&refused),
+            hold: Duration::from_millis(30),
+        })
+    };
+    let kit = Kit::builder()
+        .targets(backends.uris())
+        .without_health()
+        .per_target_layer(layer)
+        .build()
+        .unwrap();
+    let mut client = TestServiceClient::new(kit.channel());
+    let started = Instant::now();
+    let reply = client.unary(Ping::default()).await;
+    assert!(reply.is_ok(), "the call was sent again: {reply:?}");
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        2,
+        "refused once, then sent again"
+    );
+    assert_eq!(backends[0].hits() + backends[1].hits(), 1);
+    // It waited for the body (30 ms), not for the whole bound.
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
