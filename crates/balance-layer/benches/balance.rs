@@ -6,8 +6,8 @@
 //! * `pick_call/single/*`: one caller, no-op endpoints (always ready, answer at once), polled
 //!   by hand: the cost of the balancer itself. Ours is shown with round-robin (the default),
 //!   least-in-flight (the strategy comparable to p2c), pick-first, and ring hash (requests
-//!   without a hash: a random point, a binary search of the ring); tower's p2c over the same
-//!   endpoints, each counted by `PendingRequests` (its load metric).
+//!   without a hash: a random position on the ring); tower's p2c over the same endpoints,
+//!   each counted by `PendingRequests` (its load metric).
 //! * `pick_call/concurrent/*`: 4 tasks on a 2-worker runtime share one balancer: clones of
 //!   ours, clones of a `Buffer` in front of tower's p2c (which is not `Clone`).
 //! * `e2e_unary/*`: a generated tonic client's unary call over 3 real test backends on

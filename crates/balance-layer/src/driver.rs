@@ -28,7 +28,7 @@ use tower::discover::{Change, Discover};
 
 use crate::alias::Alias;
 use crate::error::BoxError;
-use crate::ring::{Ring, RingView};
+use crate::ring::{self, Ring, RingView, Table};
 use crate::shared::{Discovery, Endpoint, Kind, REMOVED, Shared, Snapshot};
 
 /// Changes taken from discovery in one go before the task yields to others.
@@ -83,7 +83,9 @@ pub(crate) struct Driver<D: Discover> {
     current: Option<Arc<Endpoint<D::Key, D::Service>>>,
     /// Pick-first's shuffles (seeded from the balancer's seed).
     rng: Rng,
-    /// Ring hash: the ring over `order`, rebuilt when the set changes.
+    /// Ring hash: the table of positions, kept between changes of the set (made at the
+    /// first), and the ring over `order` it gave at the last change.
+    table: Option<Table>,
     ring: Option<Arc<Ring>>,
 }
 
@@ -122,6 +124,7 @@ where
             first_order: Vec::new(),
             current: None,
             rng,
+            table: None,
             ring: None,
         }
     }
@@ -356,16 +359,15 @@ where
             }
             Kind::RingHash => {
                 let settings = &self.shared.settings;
-                let ring = Ring::build(
-                    self.order.iter().map(|e| &*e.name),
-                    settings.ring_min,
-                    settings.ring_max,
-                );
+                let table = self.table.get_or_insert_with(|| {
+                    Table::new(ring::table_size(settings.ring_min, settings.ring_max))
+                });
+                let ring = table.update(self.order.iter().map(|e| &e.name));
                 tracing::debug!(
                     endpoints = self.order.len(),
-                    points = ring.len(),
-                    per_endpoint = ring.per_endpoint(),
-                    "hash ring rebuilt"
+                    positions = ring.len(),
+                    owning = ring.owning(),
+                    "hash ring updated"
                 );
                 self.ring = Some(Arc::new(ring));
             }

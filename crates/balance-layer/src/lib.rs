@@ -1,7 +1,7 @@
 //! A load balancer over [`tower::discover`] that picks, for every request, one endpoint that is
 //! both **eligible** — its [`EndpointCard`](endpoint_state::EndpointCard) admits calls — and
-//! **ready**, in O(1) (ring hash: O(log ring size)), and that is cheap to clone: no `Buffer`,
-//! no worker task on the request path.
+//! **ready**, in O(1), and that is cheap to clone: no `Buffer`, no worker task on the request
+//! path.
 //!
 //! # How it works
 //!
@@ -41,7 +41,7 @@
 //!   | [`LeastInFlight`](Strategy::LeastInFlight) | `least_in_flight` | the less busy of two | O(1) |
 //!   | [`PeakEwma`](Strategy::PeakEwma) | `peak_ewma`, `[peak_ewma]` | the faster of two | O(1) |
 //!   | [`PickFirst`](Strategy::PickFirst) | `pick_first`, `[pick_first]` | the first eligible in order, sticky | O(1) |
-//!   | [`RingHash`](Strategy::RingHash) | `ring_hash`, `[ring_hash]` | by the request's hash, on a ring | O(log ring size) |
+//!   | [`RingHash`](Strategy::RingHash) | `ring_hash`, `[ring_hash]` | by the request's hash, on a ring | O(1) |
 //! * **Nothing eligible.** While some endpoint is *connecting* (its card has no health
 //!   verdict yet) the call waits for the first verdicts, up to its own deadline
 //!   ([`RequestDeadline`]) and [`BalanceConfig::connecting_wait`] (5 s), as gRPC queues calls

@@ -36,7 +36,7 @@ fn strategies() -> Vec<Strategy> {
         Strategy::PickFirst {
             shuffle_address_list: true,
         },
-        // Requests without a hash: a random point on the ring.
+        // Requests without a hash: a random position on the ring.
         Strategy::ring_hash(),
         Strategy::RingHash {
             min_ring_size: 1024,

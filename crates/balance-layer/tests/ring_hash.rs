@@ -1,7 +1,10 @@
-//! Ring hash (gRFCs A42, A76): the same key lands on the same endpoint while it is eligible;
-//! an endpoint inserted or removed moves only its own keys; a key whose endpoint is not
-//! eligible goes to the next one on the ring; the hash comes from a header of a real
-//! `http::Request` or a `RequestHash` extension; no hash spreads calls at random.
+//! Ring hash (gRFCs A42, A76): the same key lands on the same endpoint while it is eligible,
+//! whatever the discovery order; an endpoint inserted takes only its share of the keys and
+//! one removed gives back only its own, at any number of endpoints; the table is the one
+//! the docs describe; a key whose endpoint is not eligible goes to the next one on the ring,
+//! or to an endpoint that owns no position when none that owns one is eligible; the hash
+//! comes from a header of a real `http::Request` or a `RequestHash` extension; no hash
+//! spreads calls at random.
 
 mod support;
 
@@ -65,39 +68,68 @@ where
     out
 }
 
-/// The ring as the docs describe it, built here independently: each endpoint at the XXH64 of
-/// `"{name}_{i}"` for `i < per_endpoint`.
+/// The table as the docs of `Strategy::RingHash` describe it, built here independently:
+/// `size` positions; endpoint `e`'s score of position `s` is SplitMix64's output function of
+/// `XXH64(e) + (s + 1) × 0x9E3779B97F4A7C15`; each position belongs to the highest score (on
+/// a tie, the lesser name); a hash `h` lands on position `h × size / 2^64` and goes on, round
+/// the table, to the first position whose owner is eligible.
 struct Reference {
-    points: Vec<(u64, String)>,
+    owners: Vec<String>,
 }
 
 impl Reference {
-    fn new(names: &[&str], per_endpoint: usize) -> Self {
-        let mut points: Vec<(u64, String)> = names
+    fn new(names: &[&str], size: usize) -> Self {
+        fn splitmix64(mut z: u64) -> u64 {
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        let keys: Vec<u64> = names
             .iter()
-            .flat_map(|name| {
-                (0..per_endpoint).map(move |i| {
-                    (
-                        RequestHash::of(format!("{name}_{i}").as_bytes()).0,
-                        name.to_string(),
-                    )
-                })
+            .map(|name| RequestHash::of(name.as_bytes()).0)
+            .collect();
+        let owners = (0..size as u64)
+            .map(|s| {
+                let (_, name) = names
+                    .iter()
+                    .zip(&keys)
+                    .map(|(name, key)| {
+                        let score = splitmix64(
+                            key.wrapping_add((s + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                        );
+                        // Highest score first; on a tie, the lesser name.
+                        (score, std::cmp::Reverse(*name))
+                    })
+                    .max()
+                    .expect("some endpoint");
+                name.0.to_string()
             })
             .collect();
-        points.sort();
-        Reference { points }
+        Reference { owners }
     }
 
-    /// The first endpoint on the ring at or after `hash` that `eligible` accepts.
+    /// The table of the default configuration: 4,096 positions.
+    fn default_over(names: &[&str]) -> Self {
+        Reference::new(names, 4096)
+    }
+
+    /// The first endpoint from `hash`'s position on that `eligible` accepts.
     fn owner(&self, hash: u64, eligible: impl Fn(&str) -> bool) -> &str {
-        let start = self.points.partition_point(|(p, _)| *p < hash);
-        (0..self.points.len())
-            .map(|i| &self.points[(start + i) % self.points.len()].1)
+        let len = self.owners.len();
+        let start = ((u128::from(hash) * len as u128) >> 64) as usize;
+        (0..len)
+            .map(|i| &self.owners[(start + i) % len])
             .find(|name| eligible(name))
             .expect("some endpoint is eligible")
     }
-}
 
+    /// Where every one of the `KEYS` keys lands while every endpoint is eligible.
+    fn placement(&self) -> Vec<String> {
+        (0..KEYS)
+            .map(|k| self.owner(key(k), |_| true).to_string())
+            .collect()
+    }
+}
 type Changes = support::Changes<String, Counted>;
 
 async fn over_channel<R>(
@@ -128,96 +160,216 @@ fn moved(before: &[Arc<str>], after: &[Arc<str>]) -> Vec<usize> {
         .collect()
 }
 
-#[tokio::test]
-async fn inserting_a_fourth_endpoint_moves_only_the_keys_that_go_to_it() {
-    let (tx, _eps, mut balance) = over_channel::<Keyed>(&["b0", "b1", "b2"]).await;
-    let before = placement(&mut balance).await;
-    // Three endpoints share the keys about evenly.
-    let shares = support::tally(before.iter().cloned());
-    for (name, n) in &shares {
-        assert!(
-            (2_500..=4_200).contains(n),
-            "{name}: {n} of {KEYS} ({shares:?})"
-        );
-    }
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("b{i}")).collect()
+}
 
-    tx.send(Change::Insert("b3".into(), Counted::carded("b3")))
+fn as_strs(names: &[String]) -> Vec<&str> {
+    names.iter().map(String::as_str).collect()
+}
+
+fn same(placement: &[Arc<str>], expected: &[String]) -> bool {
+    placement
+        .iter()
+        .map(|n| &**n)
+        .eq(expected.iter().map(String::as_str))
+}
+
+/// Inserts `b{n}` into a balancer over `b0..b{n-1}` and checks that the keys that moved all
+/// went to it, at most its share `1/(n+1)` of them (+ 3 % of all keys for the table's and
+/// the keys' randomness), and that both placements are the documented table's. Returns the
+/// placement before.
+async fn insert_one(n: usize) -> Vec<Arc<str>> {
+    let old = names(n);
+    let new = names(n + 1);
+    let (tx, _eps, mut balance) = over_channel::<Keyed>(&as_strs(&old)).await;
+    let before = placement(&mut balance).await;
+    assert!(same(
+        &before,
+        &Reference::default_over(&as_strs(&old)).placement()
+    ));
+
+    let added = &new[n];
+    tx.send(Change::Insert(added.clone(), Counted::carded(added)))
         .await
         .unwrap();
-    support::settle(|| balance.targets().len() == 4).await;
+    support::settle(|| balance.targets().len() == n + 1).await;
     let after = placement(&mut balance).await;
+    assert!(same(
+        &after,
+        &Reference::default_over(&as_strs(&new)).placement()
+    ));
 
     let moved = moved(&before, &after);
+    let share = 1.0 / (n + 1) as f64;
     println!(
-        "3 -> 4 endpoints: {} of {KEYS} keys moved ({:.1} %; 1/4 would be 25 %)",
+        "{n} -> {} endpoints: {} of {KEYS} keys moved ({:.1} %; 1/{} is {:.1} %)",
+        n + 1,
         moved.len(),
-        moved.len() as f64 * 100.0 / KEYS as f64
+        moved.len() as f64 * 100.0 / KEYS as f64,
+        n + 1,
+        share * 100.0
     );
     assert!(
-        moved.len() as f64 <= 0.30 * KEYS as f64,
+        moved.len() as f64 <= (share + 0.03) * KEYS as f64,
         "{} of {KEYS} keys moved",
         moved.len()
     );
     assert!(
-        moved.len() as f64 >= 0.15 * KEYS as f64,
-        "the new endpoint took too few keys"
+        moved.len() as f64 >= share / 2.0 * KEYS as f64,
+        "the new endpoint took too few keys: {}",
+        moved.len()
     );
     // Every key that moved went to the new endpoint: none moved between the old ones.
-    assert!(moved.iter().all(|&i| &*after[i] == "b3"));
+    assert!(moved.iter().all(|&i| &*after[i] == added));
+    before
+}
+
+/// Removes `removed` from a balancer over `b0..b{n-1}` and checks that exactly its keys
+/// moved, to the documented table's endpoints.
+async fn remove_one(n: usize, removed: &str) {
+    let all = names(n);
+    let (tx, _eps, mut balance) = over_channel::<Keyed>(&as_strs(&all)).await;
+    let before = placement(&mut balance).await;
+    tx.send(Change::Remove(removed.into())).await.unwrap();
+    support::settle(|| balance.targets().len() == n - 1).await;
+    let after = placement(&mut balance).await;
+
+    let moved = moved(&before, &after);
+    let owned: Vec<usize> = (0..before.len())
+        .filter(|&i| &*before[i] == removed)
+        .collect();
+    println!(
+        "{n} -> {} endpoints ({removed} removed): {} of {KEYS} keys moved, {removed} had {}",
+        n - 1,
+        moved.len(),
+        owned.len()
+    );
+    assert!(!owned.is_empty());
+    assert_eq!(moved, owned, "exactly {removed}'s keys moved");
+    let rest: Vec<&str> = all
+        .iter()
+        .map(String::as_str)
+        .filter(|&n| n != removed)
+        .collect();
+    assert!(same(&after, &Reference::default_over(&rest).placement()));
+}
+
+#[tokio::test]
+async fn inserting_a_fourth_endpoint_moves_only_the_keys_that_go_to_it() {
+    let before = insert_one(3).await;
+    // Three endpoints share the keys evenly: a third each, within 10 %.
+    let shares = support::tally(before.iter().cloned());
+    println!("3 endpoints: {shares:?} of {KEYS} keys");
+    assert_eq!(shares.len(), 3, "{shares:?}");
+    for (name, n) in &shares {
+        assert!(
+            (3_000..=3_667).contains(n),
+            "{name}: {n} of {KEYS} ({shares:?})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn inserting_a_fifth_endpoint_moves_only_the_keys_that_go_to_it() {
+    insert_one(4).await;
+}
+
+#[tokio::test]
+async fn inserting_a_ninth_endpoint_moves_only_the_keys_that_go_to_it() {
+    insert_one(8).await;
 }
 
 #[tokio::test]
 async fn removing_an_endpoint_moves_only_its_own_keys() {
-    let (tx, _eps, mut balance) = over_channel::<Keyed>(&["b0", "b1", "b2", "b3"]).await;
-    let before = placement(&mut balance).await;
-    tx.send(Change::Remove("b1".into())).await.unwrap();
-    support::settle(|| balance.targets().len() == 3).await;
-    let after = placement(&mut balance).await;
-
-    let moved = moved(&before, &after);
-    let owned_by_b1: Vec<usize> = (0..before.len()).filter(|&i| &*before[i] == "b1").collect();
-    println!(
-        "4 -> 3 endpoints: {} of {KEYS} keys moved, b1 had {}",
-        moved.len(),
-        owned_by_b1.len()
-    );
-    assert_eq!(moved, owned_by_b1, "exactly b1's keys moved");
-    assert!(after.iter().all(|name| &**name != "b1"));
+    remove_one(4, "b1").await;
+    remove_one(5, "b2").await;
+    remove_one(9, "b5").await;
 }
 
 #[tokio::test]
-async fn crossing_a_power_of_two_of_endpoints_moves_more_keys() {
-    // 4 -> 5 endpoints halves every endpoint's points (1,024 -> 512 on a ring capped at
-    // 4,096): documented, measured here so that the figure is known.
-    let (tx, _eps, mut balance) = over_channel::<Keyed>(&["b0", "b1", "b2", "b3"]).await;
-    let before = placement(&mut balance).await;
-    tx.send(Change::Insert("b4".into(), Counted::carded("b4")))
-        .await
-        .unwrap();
-    support::settle(|| balance.targets().len() == 5).await;
-    let after = placement(&mut balance).await;
-    let moved = moved(&before, &after);
-    println!(
-        "4 -> 5 endpoints (points per endpoint halve): {} of {KEYS} keys moved ({:.1} %)",
-        moved.len(),
-        moved.len() as f64 * 100.0 / KEYS as f64
-    );
-    // More than the new endpoint's fifth, less than a reshuffle (4/5 would move).
-    assert!(moved.len() as f64 <= 0.6 * KEYS as f64, "{}", moved.len());
-}
-
-#[tokio::test]
-async fn the_same_key_lands_on_the_same_endpoint_from_every_clone() {
+async fn the_same_key_lands_on_the_same_endpoint_from_every_clone_and_any_order() {
     let eps = carded(5);
     let mut balance: Balance<_, Keyed> = Balance::new(list_counted(&eps), config()).unwrap();
     let first = placement(&mut balance).await;
-    // Again, from fresh clones (each with its own generator), and from another balancer over
-    // the same endpoints listed in another order.
+    // Again: from the same clone, from fresh clones (each with its own generator), and from
+    // another balancer over the same endpoints listed in another order.
+    assert_eq!(placement(&mut balance).await, first);
     let mut clone = balance.clone();
     assert_eq!(placement(&mut clone).await, first);
     let reversed: Vec<Counted> = eps.iter().rev().cloned().collect();
     let mut other: Balance<_, Keyed> = Balance::new(list_counted(&reversed), config()).unwrap();
     assert_eq!(placement(&mut other).await, first);
+
+    // Through a rebuild that changes the discovery order: two endpoints leave and come back
+    // in the other order (b1, b3, b4, b2, b0), in one batch and then one by one.
+    let (tx, _eps, mut balance) = over_channel::<Keyed>(&["b0", "b1", "b2", "b3", "b4"]).await;
+    assert_eq!(placement(&mut balance).await, first);
+    for name in ["b0", "b2"] {
+        tx.send(Change::Remove(name.into())).await.unwrap();
+    }
+    for name in ["b2", "b0"] {
+        tx.send(Change::Insert(name.into(), Counted::carded(name)))
+            .await
+            .unwrap();
+    }
+    support::settle(|| balance.targets().len() == 5).await;
+    assert_eq!(placement(&mut balance).await, first);
+    tx.send(Change::Remove("b3".into())).await.unwrap();
+    support::settle(|| balance.targets().len() == 4).await;
+    tx.send(Change::Insert("b3".into(), Counted::carded("b3")))
+        .await
+        .unwrap();
+    support::settle(|| balance.targets().len() == 5).await;
+    assert_eq!(placement(&mut balance).await, first);
+}
+
+#[tokio::test]
+async fn the_table_has_max_ring_size_positions_below_the_cap() {
+    // 100 positions: a key lands where the documented table of 100 says, which differs from
+    // the default table of 4,096 for some keys.
+    let names = ["b0", "b1", "b2"];
+    let eps = carded(3);
+    let config = config().strategy(Strategy::RingHash {
+        min_ring_size: 10,
+        max_ring_size: 100,
+        request_hash_header: None,
+    });
+    let mut balance: Balance<_, Keyed> = Balance::new(list_counted(&eps), config).unwrap();
+    let small = Reference::new(&names, 100).placement();
+    assert!(same(&placement(&mut balance).await, &small));
+    assert_ne!(small, Reference::default_over(&names).placement());
+}
+
+#[tokio::test]
+async fn endpoints_without_a_position_serve_when_no_owner_is_eligible() {
+    // One position for three endpoints: one owns it, and takes every key while eligible;
+    // when it is not, the keys spread over the other two by their hash (no call waits).
+    let names = ["b0", "b1", "b2"];
+    let eps = carded(3);
+    let config = config().strategy(Strategy::RingHash {
+        min_ring_size: 1,
+        max_ring_size: 1,
+        request_hash_header: None,
+    });
+    let mut balance: Balance<_, Keyed> = Balance::new(list_counted(&eps), config).unwrap();
+    support::settle(|| balance.eligible_targets().len() == 3).await;
+    let reference = Reference::new(&names, 1);
+    let holder = reference.owners[0].clone();
+    let before = placement(&mut balance).await;
+    assert!(before.iter().all(|name| **name == *holder));
+
+    let i = names.iter().position(|&n| n == holder).unwrap();
+    eps[i]
+        .card()
+        .set_health(HealthVerdict::Unhealthy, Some("NOT_SERVING".into()));
+    support::settle(|| balance.eligible_targets().len() == 2).await;
+    let during = placement(&mut balance).await;
+    let shares = support::tally(during.iter().cloned());
+    assert_eq!(shares.len(), 2, "{shares:?}");
+    assert!(!shares.contains_key(&holder), "{shares:?}");
+    // And the same key keeps its endpoint.
+    assert_eq!(placement(&mut balance).await, during);
 }
 
 #[tokio::test]
@@ -226,8 +378,8 @@ async fn a_key_whose_endpoint_is_not_eligible_goes_to_the_next_on_the_ring() {
     let eps = carded(3);
     let mut balance: Balance<_, Keyed> = Balance::new(list_counted(&eps), config()).unwrap();
     support::settle(|| balance.eligible_targets().len() == 3).await;
-    // The documented ring: 3 endpoints, 1,024 points each.
-    let reference = Reference::new(&names, 1024);
+    // The documented table: 4,096 positions over 3 endpoints.
+    let reference = Reference::default_over(&names);
     let before = placement(&mut balance).await;
     for k in 0..KEYS {
         assert_eq!(
@@ -268,7 +420,7 @@ async fn a_call_picked_onto_an_endpoint_that_just_turned_ineligible_goes_to_the_
     let eps = carded(3);
     let mut balance: Balance<_, Keyed> = Balance::new(list_counted(&eps), config()).unwrap();
     support::settle(|| balance.eligible_targets().len() == 3).await;
-    let reference = Reference::new(&names, 1024);
+    let reference = Reference::default_over(&names);
     let k = (0..KEYS)
         .find(|&k| reference.owner(key(k), |_| true) == "b2")
         .unwrap();
@@ -295,7 +447,7 @@ async fn the_hash_comes_from_the_configured_header_of_an_http_request() {
     let mut balance: Balance<_, http::Request<()>> =
         Balance::new(list_counted(&eps), config).unwrap();
     support::settle(|| balance.eligible_targets().len() == 3).await;
-    let reference = Reference::new(&names, 1024);
+    let reference = Reference::default_over(&names);
 
     let with_header = |values: &[&str]| {
         let mut builder = http::Request::builder();
@@ -424,7 +576,7 @@ async fn with_wait_for_ready_a_call_waits_then_goes_to_its_keys_endpoint() {
     }
     let config = config().wait_for_ready(true);
     let mut balance: Balance<_, Keyed> = Balance::new(list_counted(&eps), config).unwrap();
-    let reference = Reference::new(&names, 1024);
+    let reference = Reference::default_over(&names);
     let k = 7;
     let expected = reference.owner(key(k), |_| true).to_string();
     let call = tokio::spawn(balance.ready().await.unwrap().call(Keyed(key(k))));

@@ -27,7 +27,7 @@
 //!
 //! # with strategy = "ring_hash":
 //! # [ring_hash]
-//! # min_ring_size = 1024            # defaults: 1024, 8388608 (capped at 4096 points)
+//! # min_ring_size = 1024            # defaults: 1024, 8388608 (capped at 4096 positions)
 //! # max_ring_size = 8388608
 //! # request_hash_header = "x-user-id"   # default: none (a random endpoint per call)
 //! ```
