@@ -191,9 +191,18 @@ async fn shutdown_stops_the_checker_and_closes_every_connection() {
     let mut client = TestServiceClient::new(kit.channel());
     client.unary(Ping::default()).await.unwrap();
     client.unary(Ping::default()).await.unwrap();
+    // The server counts a connection from its own accept task, and a connection the client
+    // gave up while connecting is counted until the server sees it close: settle first.
     assert!(
-        backends.iter().all(|b| b.open_connections() == 2),
-        "a probe and a call connection each"
+        eventually(Duration::from_secs(5), || backends
+            .iter()
+            .all(|b| b.open_connections() == 2))
+        .await,
+        "a probe and a call connection each: {:?}",
+        backends
+            .iter()
+            .map(|b| b.open_connections())
+            .collect::<Vec<_>>()
     );
 
     kit.shutdown().await;
