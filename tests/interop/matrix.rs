@@ -328,6 +328,35 @@ fn not_forced_closes(
     rest
 }
 
+/// Each backend's card version, in the order of `bs`.
+fn card_versions(kit: &Kit, bs: &[InteropBackend]) -> Vec<u64> {
+    bs.iter()
+        .map(|b| kit.card(&b.uri()).unwrap().version())
+        .collect()
+}
+
+/// The probe connections the checker has made to each backend, in the order of `bs`.
+fn probe_connections(kit: &Kit, bs: &[InteropBackend]) -> Vec<u64> {
+    bs.iter()
+        .map(|b| kit.checker().unwrap().status(&b.uri()).unwrap().connections)
+        .collect()
+}
+
+/// A kit over `bs` with `Watch` probes that ping every `keepalive` and verify nothing
+/// (interval 0: a verifying `Check`'s data would reset the servers' ping strikes), once every
+/// target is eligible.
+async fn ready_watch_kit(bs: &[InteropBackend], keepalive: Duration) -> Kit {
+    let all = sorted(uris(bs));
+    let kit = Kit::builder()
+        .targets(uris(bs))
+        .health(health(Mode::Watch, Duration::ZERO).probe_keepalive(Some(keepalive)))
+        .build()
+        .unwrap();
+    assert!(kit.wait_until_ready(LIMIT).await);
+    eventually("every target eligible", || eligible(&kit) == all).await;
+    kit
+}
+
 /// The health transitions received since subscribing. A target's first verdict
 /// (`health unknown` → `healthy`) can reach a subscriber made just after the card showed it:
 /// the checker writes the card, then sends the event (a preempted publisher makes the gap
@@ -416,10 +445,7 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
     let tag = format!("{imp} {mode:?} {settings:?} soak");
 
     // Every change of any target's card (health, quarantine, breaker) is an eligibility change.
-    let versions: Vec<_> = bs
-        .iter()
-        .map(|b| kit.card(&b.uri()).unwrap().version())
-        .collect();
+    let versions = card_versions(&kit, &bs);
     let mut transitions = kit.checker().unwrap().subscribe();
     // With production settings, slow enough that each target's application connection goes
     // idle (2 s) between calls, so that idleness closes it under the caller too.
@@ -428,12 +454,7 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
         Settings::Production => Duration::from_millis(800),
     };
     let caller = Caller::with_pace(kit.channel(), pace);
-    let connections = |kit: &Kit| -> Vec<u64> {
-        bs.iter()
-            .map(|b| kit.checker().unwrap().status(&b.uri()).unwrap().connections)
-            .collect()
-    };
-    let connected = connections(&kit);
+    let connected = probe_connections(&kit, &bs);
     let started = Instant::now();
     let mut smallest = all.len();
     while started.elapsed() < duration {
@@ -442,11 +463,8 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
     }
     let (ok, failed) = caller.stop().await;
     let changes = transitions_since(&mut transitions);
-    let after: Vec<_> = bs
-        .iter()
-        .map(|b| kit.card(&b.uri()).unwrap().version())
-        .collect();
-    let replaced: Vec<u64> = connections(&kit)
+    let after = card_versions(&kit, &bs);
+    let replaced: Vec<u64> = probe_connections(&kit, &bs)
         .iter()
         .zip(&connected)
         .map(|(now, before)| now - before)
@@ -489,19 +507,9 @@ pub(crate) async fn soak(imp: Implementation, mode: Mode, settings: Settings) {
 /// the server's strikes, which is how the checker stays clear of the policy by default.)
 pub(crate) async fn soak_with_a_10s_keepalive(imp: Implementation) {
     let bs = backends(imp, &ServerSettings::defaults()).await;
-    let all = sorted(uris(&bs));
-    let kit = Kit::builder()
-        .targets(uris(&bs))
-        .health(health(Mode::Watch, Duration::ZERO).probe_keepalive(Some(Duration::from_secs(10))))
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(LIMIT).await);
-    eventually("every target eligible", || eligible(&kit) == all).await;
+    let kit = ready_watch_kit(&bs, Duration::from_secs(10)).await;
     let tag = format!("{imp} Watch defaults with a 10 s probe keepalive");
-    let versions: Vec<_> = bs
-        .iter()
-        .map(|b| kit.card(&b.uri()).unwrap().version())
-        .collect();
+    let versions = card_versions(&kit, &bs);
     let mut transitions = kit.checker().unwrap().subscribe();
     let caller = Caller::with_pace(kit.channel(), Duration::from_millis(250));
     let doubled = || {
@@ -522,10 +530,7 @@ pub(crate) async fn soak_with_a_10s_keepalive(imp: Implementation) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (ok, failed) = caller.stop().await;
     let changes = transitions_since(&mut transitions);
-    let after: Vec<_> = bs
-        .iter()
-        .map(|b| kit.card(&b.uri()).unwrap().version())
-        .collect();
+    let after = card_versions(&kit, &bs);
     println!(
         "{tag}: keepalive doubled to 20 s on every target; {ok} calls, {} failed, {} transitions",
         failed.len(),
@@ -552,22 +557,10 @@ pub(crate) async fn soak_with_ping_enforcement(imp: Implementation) {
     };
     let bs = backends(imp, &settings).await;
     let all = sorted(uris(&bs));
-    let kit = Kit::builder()
-        .targets(uris(&bs))
-        .health(health(Mode::Watch, Duration::ZERO).probe_keepalive(Some(Duration::from_secs(1))))
-        .build()
-        .unwrap();
-    assert!(kit.wait_until_ready(LIMIT).await);
-    eventually("every target eligible", || eligible(&kit) == all).await;
+    let kit = ready_watch_kit(&bs, Duration::from_secs(1)).await;
     let tag = format!("{imp} Watch, pings every 1 s, server allows one every 5 s");
-    let versions: Vec<_> = bs
-        .iter()
-        .map(|b| kit.card(&b.uri()).unwrap().version())
-        .collect();
-    let connected: Vec<u64> = bs
-        .iter()
-        .map(|b| kit.checker().unwrap().status(&b.uri()).unwrap().connections)
-        .collect();
+    let versions = card_versions(&kit, &bs);
+    let connected = probe_connections(&kit, &bs);
     let mut transitions = kit.checker().unwrap().subscribe();
     let caller = Caller::with_pace(kit.channel(), Duration::from_millis(250));
     let keepalives = || -> Vec<Option<Duration>> {
@@ -603,14 +596,11 @@ pub(crate) async fn soak_with_ping_enforcement(imp: Implementation) {
     }
     let (ok, failed) = caller.stop().await;
     let changes = transitions_since(&mut transitions);
-    let after: Vec<_> = bs
-        .iter()
-        .map(|b| kit.card(&b.uri()).unwrap().version())
-        .collect();
-    let replaced: Vec<u64> = bs
+    let after = card_versions(&kit, &bs);
+    let replaced: Vec<u64> = probe_connections(&kit, &bs)
         .iter()
         .zip(&connected)
-        .map(|(b, before)| kit.checker().unwrap().status(&b.uri()).unwrap().connections - before)
+        .map(|(now, before)| now - before)
         .collect();
     println!(
         "{tag}: keepalive 1 s → 8 s on every target in {:.1} s, probe connections replaced \
