@@ -8,8 +8,15 @@
 //!   least-in-flight (the strategy comparable to p2c), pick-first, and ring hash (requests
 //!   without a hash: a random position on the ring); tower's p2c over the same endpoints,
 //!   each counted by `PendingRequests` (its load metric).
-//! * `pick_call/concurrent/*`: 4 tasks on a 2-worker runtime share one balancer: clones of
-//!   ours, clones of a `Buffer` in front of tower's p2c (which is not `Clone`).
+//! * `pick_call/throughput_4_tasks/*`: 4 tasks on a 2-worker runtime share one balancer:
+//!   clones of ours, clones of a `Buffer` in front of tower's p2c (which is not `Clone`, so a
+//!   tonic user would have to put it there; its one worker task makes every pick). The figure
+//!   is **wall time per completed pick + call** across the 4 tasks (wall time ÷ calls, the
+//!   inverse of the throughput), not the time one pick takes.
+//! * `pick_call/per_pick_4_tasks/*`: the same 4 tasks, each timing its own calls: the figure
+//!   is the mean time one pick + call takes as a caller sees it while the 4 run (the sum of
+//!   every call's duration ÷ calls; each duration includes one clock read). For tower's p2c it
+//!   includes the hop to the `Buffer`'s worker and back.
 //! * `e2e_unary/*`: a generated tonic client's unary call over 3 real test backends on
 //!   loopback: tonic's own `Channel::balance_list` against ours over 3 `Channel`s.
 
@@ -17,7 +24,7 @@ use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use balance_layer::{
     Balance, BalanceConfig, RequestDeadline, RequestHashKey, Strategy, WithoutCards,
@@ -95,6 +102,9 @@ fn ours(n: usize, strategy: Strategy) -> Ours {
 
 type P2c = tower::balance::p2c::Balance<ServiceList<Vec<PendingRequests<Noop>>>, Req>;
 
+/// Tower's p2c behind a `Buffer` (it is not `Clone`), as the concurrent groups share it.
+type P2cBuffered = tower::buffer::Buffer<Req, <P2c as Service<Req>>::Future>;
+
 fn tower_p2c(n: usize) -> P2c {
     let services = noops(n)
         .into_iter()
@@ -167,23 +177,77 @@ where
     }))
 }
 
+/// `iters` calls split over `CALLERS` tasks, each on its own clone of `svc` and timing each of
+/// its calls: the sum of the calls' durations (criterion divides it by `iters`: the mean time
+/// of one pick + call as a caller sees it while the tasks run).
+fn run_per_pick<S>(rt: &tokio::runtime::Runtime, svc: &S, iters: u64) -> Duration
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug + Send,
+{
+    let per_task = iters.div_ceil(CALLERS);
+    let total: Duration = rt.block_on(async {
+        let tasks: Vec<_> = (0..CALLERS)
+            .map(|_| {
+                let mut svc = svc.clone();
+                tokio::spawn(async move {
+                    let mut spent = Duration::ZERO;
+                    // One clock read per call: each call's time runs from the end of the last.
+                    let mut last = Instant::now();
+                    for _ in 0..per_task {
+                        svc.ready().await.unwrap().call(Req).await.unwrap();
+                        let now = Instant::now();
+                        spent += now - last;
+                        last = now;
+                    }
+                    spent
+                })
+            })
+            .collect();
+        let mut total = Duration::ZERO;
+        for task in tasks {
+            total += task.await.expect("a caller panicked");
+        }
+        total
+    });
+    let made = per_task * CALLERS;
+    if made == 0 {
+        return total;
+    }
+    total.mul_f64(iters as f64 / made as f64)
+}
+
+/// 4 tasks on 2 workers: throughput (wall time per completed call) and the time of one pick +
+/// call as each task sees it.
 fn concurrent(c: &mut Criterion) {
     let rt = bench::runtime(2);
     let _guard = rt.enter();
-    let mut g = c.benchmark_group("pick_call/concurrent");
-    for n in SIZES {
-        for (name, strategy) in ours_strategies() {
-            let svc = ours(n, strategy);
-            g.bench_function(BenchmarkId::new(name, n), |b| {
-                b.iter_custom(|iters| run_concurrent(&rt, &svc, iters))
+    type Run<S> = fn(&tokio::runtime::Runtime, &S, u64) -> Duration;
+    let groups: [(&str, Run<Ours>, Run<P2cBuffered>); 2] = [
+        (
+            "pick_call/throughput_4_tasks",
+            run_concurrent,
+            run_concurrent,
+        ),
+        ("pick_call/per_pick_4_tasks", run_per_pick, run_per_pick),
+    ];
+    for (group, run_ours, run_p2c) in groups {
+        let mut g = c.benchmark_group(group);
+        for n in SIZES {
+            for (name, strategy) in ours_strategies() {
+                let svc = ours(n, strategy);
+                g.bench_function(BenchmarkId::new(name, n), |b| {
+                    b.iter_custom(|iters| run_ours(&rt, &svc, iters))
+                });
+            }
+            let p2c = tower::buffer::Buffer::new(tower_p2c(n), 1024);
+            g.bench_function(BenchmarkId::new("tower_p2c_buffered", n), |b| {
+                b.iter_custom(|iters| run_p2c(&rt, &p2c, iters))
             });
         }
-        let p2c = tower::buffer::Buffer::new(tower_p2c(n), 1024);
-        g.bench_function(BenchmarkId::new("tower_p2c_buffered", n), |b| {
-            b.iter_custom(|iters| run_concurrent(&rt, &p2c, iters))
-        });
+        g.finish();
     }
-    g.finish();
 }
 
 fn e2e(c: &mut Criterion) {

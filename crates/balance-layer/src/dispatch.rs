@@ -36,7 +36,7 @@ where
 pub(crate) struct Dispatch<K, S, Req> {
     pub(crate) shared: Arc<Shared<K, S>>,
     hash: u64,
-    avoid: Option<Arc<str>>,
+    avoid: Vec<Arc<str>>,
     /// The endpoint chosen, with its own service.
     chosen: Option<Reserved<K, S>>,
     req: Option<Req>,
@@ -49,7 +49,7 @@ impl<K, S, Req> Dispatch<K, S, Req> {
     pub(crate) fn new(
         shared: Arc<Shared<K, S>>,
         hash: u64,
-        avoid: Option<Arc<str>>,
+        avoid: Vec<Arc<str>>,
         req: Req,
     ) -> Self {
         Dispatch {
@@ -77,7 +77,7 @@ impl<K, S, Req> Dispatch<K, S, Req> {
         loop {
             let snap = self.shared.snapshot.load();
             self.seen = snap.generation;
-            if let Some(endpoint) = ring::pick(&snap, self.hash, self.avoid.as_deref()) {
+            if let Some(endpoint) = ring::pick(&snap, self.hash, &self.avoid) {
                 self.chosen = Some(Reserved {
                     endpoint: endpoint.clone(),
                     service: endpoint.service(),

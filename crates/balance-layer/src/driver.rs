@@ -28,6 +28,7 @@ use tower::discover::{Change, Discover};
 
 use crate::alias::Alias;
 use crate::error::BoxError;
+use crate::inflight::{Counters, Loads};
 use crate::ring::{self, Ring, RingView, Table};
 use crate::shared::{Discovery, Endpoint, Kind, REMOVED, Shared, Snapshot};
 
@@ -87,6 +88,8 @@ pub(crate) struct Driver<D: Discover> {
     /// first), and the ring over `order` it gave at the last change.
     table: Option<Table>,
     ring: Option<Arc<Ring>>,
+    /// Least-loaded strategies: the table of the endpoints' counts of calls in flight.
+    counters: Counters,
 }
 
 impl<D: Discover> fmt::Debug for Driver<D> {
@@ -126,6 +129,7 @@ where
             rng,
             table: None,
             ring: None,
+            counters: Counters::default(),
         }
     }
 
@@ -217,13 +221,19 @@ where
             // A card in no peer set: this balancer's endpoints are its peers.
             self.shared.peers.add(card);
         }
-        let weight = self.shared.settings.weights.weight_of(&name);
+        // Its own counter, at zero (the one it replaces keeps counting its calls down).
+        let in_flight = self
+            .shared
+            .settings
+            .kind
+            .tracks_load()
+            .then(|| self.counters.counter());
         let endpoint = Arc::new(Endpoint::new(
             key.clone(),
             name,
             service,
             card,
-            weight,
+            in_flight,
             &self.shared.settings,
             self.shared.nanos_now(),
         ));
@@ -480,6 +490,12 @@ where
         } else {
             None
         };
+        let loads = if kind.tracks_load() {
+            self.counters
+                .loads(picks.iter().filter_map(|e| e.counter_index()))
+        } else {
+            Loads::none()
+        };
         let first = if kind == Kind::PickFirst {
             self.stick(&picks)
         } else {
@@ -517,9 +533,11 @@ where
         drop(previous);
         self.shared.snapshot.store(Arc::new(Snapshot {
             generation,
+            cards: Snapshot::cards_of(&picks),
             picks: picks.into_boxed_slice(),
             ignoring_passive,
             connecting,
+            loads,
             alias,
             first,
             ring,

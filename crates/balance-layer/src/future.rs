@@ -92,13 +92,13 @@ struct Load<K, S> {
 }
 
 impl<K, S> Load<K, S> {
-    fn start(shared: &Arc<Shared<K, S>>, endpoint: &Arc<Endpoint<K, S>>) -> Option<Self> {
+    /// Counts a call just made on `endpoint` (kept, for the count down, by the future).
+    fn start(shared: &Arc<Shared<K, S>>, endpoint: Arc<Endpoint<K, S>>) -> Option<Self> {
         let kind = shared.settings.kind;
         if !kind.tracks_load() {
             return None;
         }
         endpoint.start_call();
-        let endpoint = Arc::clone(endpoint);
         let timed =
             (kind == crate::shared::Kind::PeakEwma).then(|| (shared.clone(), shared.nanos_now()));
         Some(Load { endpoint, timed })
@@ -153,26 +153,22 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError>,
 {
-    /// Calls the reserved endpoint's service, and hands the service back (unready, for the
-    /// picker to keep for this endpoint's next turn).
-    pub(crate) fn called(
-        shared: &Arc<Shared<K, S>>,
-        reserved: Reserved<K, S>,
-        req: Req,
-    ) -> (Self, Arc<Endpoint<K, S>>, S) {
+    /// Calls the reserved endpoint's service, and gives the service back to its endpoint
+    /// (unready, for the endpoint's next pick).
+    pub(crate) fn called(shared: &Arc<Shared<K, S>>, reserved: Reserved<K, S>, req: Req) -> Self {
         let Reserved {
             endpoint,
             mut service,
             ..
         } = reserved;
-        let load = Load::start(shared, &endpoint);
-        let future = ResponseFuture {
+        let future = service.call(req);
+        endpoint.give_back(service);
+        ResponseFuture {
             state: State::Called {
-                future: service.call(req),
-                load,
+                future,
+                load: Load::start(shared, endpoint),
             },
-        };
-        (future, endpoint, service)
+        }
     }
 
     fn call_state(
@@ -185,10 +181,9 @@ where
             mut service,
             ..
         } = reserved;
-        let load = Load::start(shared, &endpoint);
         State::Called {
             future: service.call(req),
-            load,
+            load: Load::start(shared, endpoint),
         }
     }
 
@@ -198,7 +193,7 @@ where
         shared: Arc<Shared<K, S>>,
         owner: Arc<Owner<K, S>>,
         hash: u64,
-        avoid: Option<Arc<str>>,
+        avoid: Vec<Arc<str>>,
         req: Req,
     ) -> Self {
         ResponseFuture {
@@ -322,7 +317,7 @@ where
                 StateProj::Hashed { dispatch, owner } => {
                     let next = match ready!(dispatch.poll(cx)) {
                         Dispatched::Called { future, endpoint } => State::Called {
-                            load: Load::start(&dispatch.shared, &endpoint),
+                            load: Load::start(&dispatch.shared, endpoint),
                             future,
                         },
                         // Every endpoint stopped being eligible while the call waited for
@@ -345,7 +340,7 @@ where
                                 (waiter.set_budget)(&mut req, left);
                             }
                             let shared = waiter.picker.shared.clone();
-                            let avoid = waiter.picker.avoided().cloned();
+                            let avoid = waiter.picker.avoided().to_vec();
                             let next = State::Hashed {
                                 dispatch: Dispatch::new(shared, waiter.hash, avoid, req),
                                 owner: waiter.owner.clone(),

@@ -109,6 +109,7 @@ mod driver;
 pub mod error;
 pub mod future;
 mod hash;
+mod inflight;
 mod layer;
 mod picker;
 mod ring;

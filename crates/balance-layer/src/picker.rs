@@ -76,9 +76,9 @@ pub(crate) struct Picker<K, S> {
     listener: Option<Pin<Box<OwnedNotified>>>,
     /// The generation of the snapshot the last decision was made on.
     pub(crate) seen: u64,
-    /// An endpoint this clone picks only when no other is eligible (a call sent again after
-    /// that endpoint did not take it).
-    avoid: Option<Arc<str>>,
+    /// Endpoints this clone picks only when no other is eligible (a call sent again after
+    /// they did not take it). Empty, without an allocation, on the common path.
+    avoid: Vec<Arc<str>>,
 }
 
 impl<K, S> Picker<K, S> {
@@ -90,24 +90,26 @@ impl<K, S> Picker<K, S> {
             waiting: Vec::new(),
             listener: None,
             seen: 0,
-            avoid: None,
+            avoid: Vec::new(),
         }
     }
 
-    /// From now on, picks the endpoint named `target` only when no other is eligible. An
-    /// endpoint reserved already is let go if it is that one.
+    /// From now on, picks the endpoint named `target` (as well as those avoided already) only
+    /// when no other is eligible. An endpoint reserved already is let go if it is that one.
     pub(crate) fn avoid(&mut self, target: Arc<str>) {
         if let Slot::Ready(reserved) = &self.slot
             && reserved.endpoint.name == target
         {
             self.slot = Slot::Empty;
         }
-        self.avoid = Some(target);
+        if !self.avoid.contains(&target) {
+            self.avoid.push(target);
+        }
     }
 
-    /// The endpoint this clone avoids, if any.
-    pub(crate) fn avoided(&self) -> Option<&Arc<str>> {
-        self.avoid.as_ref()
+    /// The endpoints this clone avoids (empty if none).
+    pub(crate) fn avoided(&self) -> &[Arc<str>] {
+        &self.avoid
     }
 
     /// A random request hash (ring hash, for a request that has none), from this clone's
@@ -124,14 +126,18 @@ impl<K, S> Picker<K, S> {
             .collect()
     }
 
-    /// The strategy's choice, moved on to the next endpoint when it is the one to avoid.
+    /// The strategy's choice, moved on to the next endpoint not avoided when it is one to
+    /// avoid (kept when every endpoint is).
     fn choose(&mut self, snap: &Snapshot<K, S>) -> usize {
         let n = snap.picks.len();
         let i = self.shared.choose(snap, &mut self.rng);
-        match &self.avoid {
-            Some(avoid) if n > 1 && snap.picks[i].name == *avoid => (i + 1) % n,
-            _ => i,
+        if self.avoid.is_empty() || n < 2 {
+            return i;
         }
+        (0..n)
+            .map(|k| (i + k) % n)
+            .find(|&j| !self.avoid.contains(&snap.picks[j].name))
+            .unwrap_or(i)
     }
 
     /// What this clone holds, in words (for `Debug`).
@@ -251,8 +257,9 @@ impl<K, S> Picker<K, S> {
 
             let mut stale = false;
             for _ in 0..attempts {
-                let endpoint = &snap.picks[self.choose(&snap)];
-                if !endpoint.admits(snap.ignoring_passive) {
+                let i = self.choose(&snap);
+                let endpoint = &snap.picks[i];
+                if !snap.admits(i) {
                     // Its card changed since the snapshot was built.
                     stale = true;
                     continue;

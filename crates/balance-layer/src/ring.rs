@@ -333,22 +333,21 @@ impl RingView {
 }
 
 /// The endpoint for a request of hash `hash`: the first on the ring from `hash`'s position
-/// that is in the snapshot's eligible set and still admits calls — other than `avoid`,
+/// that is in the snapshot's eligible set and still admits calls — other than those in `avoid`,
 /// unless it is the only one found. O(1). `None` when the snapshot is not a ring's or lags
 /// the cards (the caller has it rebuilt and waits for it).
 pub(crate) fn pick<'a, K, S>(
     snap: &'a Snapshot<K, S>,
     hash: u64,
-    avoid: Option<&str>,
+    avoid: &[Arc<str>],
 ) -> Option<&'a Arc<Endpoint<K, S>>> {
     let view = snap.ring.as_ref()?;
     let admits = |e: &Endpoint<K, S>| e.admits(snap.ignoring_passive);
-    match avoid {
-        Some(avoid) => view
-            .find(&snap.picks, hash, |e| admits(e) && &*e.name != avoid)
-            .or_else(|| view.find(&snap.picks, hash, admits)),
-        None => view.find(&snap.picks, hash, admits),
+    if avoid.is_empty() {
+        return view.find(&snap.picks, hash, admits);
     }
+    view.find(&snap.picks, hash, |e| admits(e) && !avoid.contains(&e.name))
+        .or_else(|| view.find(&snap.picks, hash, admits))
 }
 
 #[cfg(test)]

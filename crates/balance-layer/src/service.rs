@@ -115,7 +115,9 @@ impl<D: Discover, Req> Balance<D, Req> {
 
     /// From now on, this handle picks the endpoint named `target` only when no other endpoint
     /// is eligible — for a call sent again after `target` did not take it, which should land
-    /// elsewhere whenever it can. A clone does not inherit it.
+    /// elsewhere whenever it can. Calls add up: after `avoid("a")` and `avoid("b")` the handle
+    /// picks `c` while `c` is eligible, and `a` or `b` only when nothing else is. A clone does
+    /// not inherit them.
     pub fn avoid(&mut self, target: impl Into<Arc<str>>) {
         self.picker.avoid(target.into());
     }
@@ -183,18 +185,14 @@ where
         let taken = self.picker.take();
         let shared = &self.picker.shared;
         match taken {
-            Taken::Endpoint(reserved) => {
-                let (future, endpoint, service) = ResponseFuture::called(shared, reserved, req);
-                endpoint.give_back(service);
-                future
-            }
+            Taken::Endpoint(reserved) => ResponseFuture::called(shared, reserved, req),
             Taken::Deferred => {
                 // Ring hash: the request's hash chooses the endpoint.
                 let shared = shared.clone();
                 let hash = req
                     .request_hash(shared.settings.hash_header.as_ref())
                     .unwrap_or_else(|| self.picker.random_hash());
-                let avoid = self.picker.avoided().cloned();
+                let avoid = self.picker.avoided().to_vec();
                 ResponseFuture::hashed(shared, self.owner.clone(), hash, avoid, req)
             }
             // Waits (wait-for-ready, the call's or the balancer's; targets connecting) or
@@ -309,6 +307,47 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(&*name, "b");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn endpoints_avoided_add_up() {
+        for strategy in [
+            Strategy::RoundRobin,
+            Strategy::Random,
+            Strategy::LeastInFlight,
+            Strategy::ring_hash(),
+        ] {
+            let (tx, mut balance) =
+                balancer(BalanceConfig::new().strategy(strategy.clone()).seed(3));
+            for name in ["a", "b", "c", "d"] {
+                insert(&tx, name).await;
+            }
+            settle(&balance, 4).await;
+            balance.avoid("a");
+            balance.avoid("c");
+            balance.avoid("a");
+            for _ in 0..100 {
+                let (name, _) = balance
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(Req::default())
+                    .await
+                    .unwrap();
+                assert!(&*name == "b" || &*name == "d", "{strategy:?}: {name}");
+            }
+            // Every endpoint avoided: any may be picked.
+            balance.avoid("b");
+            balance.avoid("d");
+            let (name, _) = balance
+                .ready()
+                .await
+                .unwrap()
+                .call(Req::default())
+                .await
+                .unwrap();
+            assert!(["a", "b", "c", "d"].contains(&&*name), "{name}");
         }
     }
 

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::alias::Alias;
 use crate::config::{BalanceConfig, Strategy, Weights};
 use crate::error::{LISTED, NoHealthyTargets, Skip, SkippedTarget};
+use crate::inflight::{Counter, Loads};
 use crate::ring::RingView;
 
 /// The validated configuration, in the shape the request path reads it.
@@ -222,16 +223,21 @@ impl<K, S> Shared<K, S> {
                 if b >= a {
                     b += 1;
                 }
+                if self.settings.kind == Kind::LeastInFlight {
+                    debug_assert_eq!(snap.loads.len(), n, "a count for each endpoint");
+                    // Two reads in the snapshot's table of counts: neither endpoint is read.
+                    return if snap.loads.at(b) < snap.loads.at(a) {
+                        b
+                    } else {
+                        a
+                    };
+                }
+                let now = self.nanos_now();
                 let (ea, eb) = (&snap.picks[a], &snap.picks[b]);
-                let (la, lb) = if self.settings.kind == Kind::LeastInFlight {
-                    (ea.in_flight() as f64, eb.in_flight() as f64)
-                } else {
-                    let now = self.nanos_now();
-                    (
-                        ea.ewma_cost(now, &self.settings),
-                        eb.ewma_cost(now, &self.settings),
-                    )
-                };
+                let (la, lb) = (
+                    ea.ewma_cost(now, &self.settings),
+                    eb.ewma_cost(now, &self.settings),
+                );
                 if lb < la { b } else { a }
             }
         }
@@ -276,14 +282,22 @@ pub(crate) const REMOVED: u8 = 2;
 /// One discovered endpoint: its prototype service (cloned for each call), its card, and its
 /// load.
 ///
-/// `repr(C)` keeps the fields a pick reads (state, load, card) first, on the same cache line
-/// as the reference count: with thousands of endpoints picked at random, each candidate then
-/// costs one cache miss rather than two.
+/// `repr(C)` keeps the fields a pick reads of the endpoint it chose (state, card, spares, the
+/// counter of calls in flight) first, next to the reference count: with thousands of
+/// endpoints picked at random, the chosen one then costs one or two cache lines. (The
+/// least-in-flight comparison itself reads no endpoint: see [`crate::inflight`].)
 #[repr(C)]
 pub(crate) struct Endpoint<K, S> {
     state: AtomicU8,
-    in_flight: AtomicUsize,
     pub(crate) card: Option<EndpointCard>,
+    /// Calls in flight, in the balancer's table of counts (least-loaded strategies only).
+    in_flight: Option<Counter>,
+    /// Clones of `service` that have made a call (so are unready), kept for the next picks of
+    /// this endpoint: a pick takes one instead of cloning the service — for a stack of layers
+    /// over a tonic `Channel`, a dozen reference counts every caller shares. At most
+    /// [`SPARES`]; emptied when the endpoint is removed or fails. Never waited on: a pick
+    /// that finds it busy clones.
+    spares: Mutex<Spares<S>>,
     /// Peak-EWMA estimate (f64 bits, nanoseconds) and when it was last updated
     /// (nanoseconds on the balancer's clock).
     rtt_ns: AtomicU64,
@@ -293,16 +307,35 @@ pub(crate) struct Endpoint<K, S> {
     pub(crate) name: Arc<str>,
     pub(crate) key: K,
     failure: OnceLock<Arc<str>>,
-    /// Clones of `service` that have made a call (so are unready), kept for the next picks of
-    /// this endpoint: a pick takes one instead of cloning the service — for a stack of layers
-    /// over a tonic `Channel`, a dozen reference counts every caller shares. At most
-    /// [`SPARES`]; emptied when the endpoint is removed or fails. Never waited on: a pick
-    /// that finds it busy clones.
-    spares: Mutex<Vec<S>>,
 }
 
 /// The most spare service clones an endpoint keeps (about the calls in flight to it at once).
 const SPARES: usize = 32;
+
+/// An endpoint's spare services: the first in place, in the endpoint's own memory (a caller
+/// that makes one call at a time on an endpoint never reads further), the others in a list.
+struct Spares<S> {
+    first: Option<S>,
+    more: Vec<S>,
+}
+
+impl<S> Spares<S> {
+    fn pop(&mut self) -> Option<S> {
+        self.more.pop().or_else(|| self.first.take())
+    }
+
+    fn push(&mut self, service: S) {
+        if self.first.is_none() {
+            self.first = Some(service);
+        } else {
+            self.more.push(service);
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.more.len()
+    }
+}
 
 impl<K, S> Endpoint<K, S> {
     pub(crate) fn new(
@@ -310,23 +343,26 @@ impl<K, S> Endpoint<K, S> {
         name: Arc<str>,
         service: S,
         card: Option<EndpointCard>,
-        weight: f64,
+        in_flight: Option<Counter>,
         settings: &Settings,
         now_ns: u64,
     ) -> Self {
         Endpoint {
             key,
+            weight: settings.weights.weight_of(&name),
             name,
             service,
             card,
-            weight,
             state: AtomicU8::new(LIVE),
             failure: OnceLock::new(),
-            in_flight: AtomicUsize::new(0),
+            in_flight,
             rtt_ns: AtomicU64::new(settings.ewma_default_ns.to_bits()),
             rtt_at: AtomicU64::new(now_ns),
             // Room for a few, made here rather than on a call's path.
-            spares: Mutex::new(Vec::with_capacity(4)),
+            spares: Mutex::new(Spares {
+                first: None,
+                more: Vec::with_capacity(4),
+            }),
         }
     }
 
@@ -361,18 +397,27 @@ impl<K, S> Endpoint<K, S> {
 
     /// Drops the spares (the endpoint is out of rotation: let its connection go).
     fn clear_spares(&self) {
-        let spares = std::mem::take(&mut *lock(&self.spares));
+        let mut spares = lock(&self.spares);
+        let taken = (spares.first.take(), std::mem::take(&mut spares.more));
         drop(spares);
+        drop(taken);
     }
 
     /// Whether the endpoint may be picked now: still discovered, not failed, and its card
     /// (if any) eligible — or, in a set built while passive signals are ignored (no endpoint
     /// was eligible), shut by passive signals only. A few atomic loads; no lock.
     pub(crate) fn admits(&self, ignoring_passive: bool) -> bool {
+        self.admits_with(self.card.as_ref(), ignoring_passive)
+    }
+
+    /// [`admits`](Self::admits), with `card` the endpoint's own card reached another way
+    /// (see [`Snapshot::admits`]).
+    #[inline]
+    fn admits_with(&self, card: Option<&EndpointCard>, ignoring_passive: bool) -> bool {
         if self.state.load(Ordering::Acquire) != LIVE {
             return false;
         }
-        match &self.card {
+        match card {
             None => true,
             Some(card) => card.is_eligible() || (ignoring_passive && card.passively_blocked()),
         }
@@ -423,16 +468,28 @@ impl<K, S> Endpoint<K, S> {
         first
     }
 
+    /// Calls in flight (always 0 for strategies that do not count them).
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.as_ref().map_or(0, Counter::get)
     }
 
+    /// Its counter's position in the balancer's table of counts, if it has one.
+    pub(crate) fn counter_index(&self) -> Option<u32> {
+        self.in_flight.as_ref().map(Counter::index)
+    }
+
+    /// Counts a call made (a no-op for strategies that do not count them).
     pub(crate) fn start_call(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if let Some(counter) = &self.in_flight {
+            counter.add();
+        }
     }
 
+    /// Counts a call finished or dropped: exactly once per [`start_call`](Self::start_call).
     pub(crate) fn end_call(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(counter) = &self.in_flight {
+            counter.sub();
+        }
     }
 
     /// The estimate decayed towards zero since its last update, times (in flight + 1).
@@ -499,11 +556,17 @@ pub(crate) struct Snapshot<K, S> {
     /// signals alone shut and whose peers are all out too (the rule of
     /// [`endpoint_state::peers`]).
     pub(crate) picks: Box<[Arc<Endpoint<K, S>>]>,
+    /// The card of each of `picks` (the same card, not a copy): a pick reads the card of the
+    /// endpoint it chose from here, at the same time as the endpoint, rather than after it.
+    pub(crate) cards: Box<[Option<EndpointCard>]>,
     /// Whether `picks` ignores passive signals.
     pub(crate) ignoring_passive: bool,
     /// Whether some endpoint is *connecting* (no health verdict yet), or discovery has found
     /// nothing yet: a call that finds nothing eligible may wait for the first verdicts.
     pub(crate) connecting: bool,
+    /// For the least-loaded strategies: the calls in flight on each of `picks`, read without
+    /// reading the endpoints (empty for the other strategies).
+    pub(crate) loads: Loads,
     /// For the weighted strategy: the alias table over `picks`' weights (`None`: uniform).
     pub(crate) alias: Option<Alias>,
     /// For pick-first: the position in `picks` of the endpoint every call goes to (`picks`
@@ -520,12 +583,28 @@ pub(crate) struct Snapshot<K, S> {
 }
 
 impl<K, S> Snapshot<K, S> {
+    /// The references to the cards of `picks` a pick reads (the snapshot's `cards`).
+    pub(crate) fn cards_of(picks: &[Arc<Endpoint<K, S>>]) -> Box<[Option<EndpointCard>]> {
+        picks.iter().map(|e| e.card.clone()).collect()
+    }
+
+    /// Whether `picks[i]` may be picked now ([`Endpoint::admits`]). With thousands of
+    /// endpoints, the endpoint and its card are each a cache miss: its card is read through
+    /// this snapshot's reference, so that the two misses overlap instead of the endpoint's
+    /// delaying the card's.
+    #[inline]
+    pub(crate) fn admits(&self, i: usize) -> bool {
+        self.picks[i].admits_with(self.cards[i].as_ref(), self.ignoring_passive)
+    }
+
     pub(crate) fn empty() -> Self {
         Snapshot {
             generation: 0,
             picks: Box::new([]),
+            cards: Box::new([]),
             ignoring_passive: false,
             connecting: true,
+            loads: Loads::none(),
             alias: None,
             first: 0,
             ring: None,

@@ -258,3 +258,105 @@ async fn endpoint_services_are_reused_across_calls_and_let_go_on_removal() {
     // The background task stops with the last handle, and every clone goes with it.
     settle(|| eps.iter().all(|e| e.alive() == 1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_counts_stay_with_their_endpoint_across_replacement_and_removal() {
+    type Mock = NoCard<tower_test::mock::Mock<Req, Arc<str>>>;
+    let (tx, discover) = channel::<String, Mock>(4);
+    let config = BalanceConfig::new()
+        .strategy(balance_layer::Strategy::LeastInFlight)
+        .seed(1);
+    let mut balance = Balance::new(discover, config).unwrap();
+    let (old, mut old_handle) = tower_test::mock::pair::<Req, Arc<str>>();
+    tx.send(Change::Insert("b0".into(), NoCard::new(old)))
+        .await
+        .unwrap();
+    settle(|| balance.targets().len() == 1).await;
+
+    // A call in flight on b0, then b0 replaced by a new service under the same key.
+    let first = balance.ready().await.unwrap().call(Req::default());
+    let (_, reply) = old_handle
+        .next_request()
+        .await
+        .expect("the call reached b0");
+    assert_eq!(balance.in_flight("b0"), Some(1));
+    let (new, mut new_handle) = tower_test::mock::pair::<Req, Arc<str>>();
+    tx.send(Change::Insert("b0".into(), NoCard::new(new)))
+        .await
+        .unwrap();
+    // The new endpoint counts from zero: the call on the old one is not its own.
+    settle(|| balance.in_flight("b0") == Some(0)).await;
+
+    // The old call finishing counts down the old endpoint, not the new one.
+    reply.send_response(Arc::from("old b0"));
+    assert_eq!(&*first.await.unwrap(), "old b0");
+    assert_eq!(balance.in_flight("b0"), Some(0));
+
+    // The new endpoint counts its own calls: once each, whether answered or dropped.
+    let answered = balance.ready().await.unwrap().call(Req::default());
+    let (_, reply) = new_handle
+        .next_request()
+        .await
+        .expect("the call reached b0");
+    let dropped = balance.ready().await.unwrap().call(Req::default());
+    let _unanswered = new_handle
+        .next_request()
+        .await
+        .expect("the call reached b0");
+    assert_eq!(balance.in_flight("b0"), Some(2));
+    reply.send_response(Arc::from("new b0"));
+    assert_eq!(&*answered.await.unwrap(), "new b0");
+    assert_eq!(balance.in_flight("b0"), Some(1));
+    drop(dropped);
+    assert_eq!(balance.in_flight("b0"), Some(0));
+
+    // b0 removed with a call in flight; b1, inserted meanwhile, counts from zero, and so does
+    // b2, inserted once b0 is gone with its last call (it may take over b0's counter).
+    let held = balance.ready().await.unwrap().call(Req::default());
+    let (_, reply) = new_handle
+        .next_request()
+        .await
+        .expect("the call reached b0");
+    tx.send(Change::Remove("b0".into())).await.unwrap();
+    let (b1, mut b1_handle) = tower_test::mock::pair::<Req, Arc<str>>();
+    tx.send(Change::Insert("b1".into(), NoCard::new(b1)))
+        .await
+        .unwrap();
+    settle(|| names(balance.targets()) == ["b1"]).await;
+    assert_eq!(balance.in_flight("b1"), Some(0));
+    reply.send_response(Arc::from("removed b0"));
+    assert_eq!(&*held.await.unwrap(), "removed b0");
+    drop(new_handle);
+    let (b2, mut b2_handle) = tower_test::mock::pair::<Req, Arc<str>>();
+    tx.send(Change::Insert("b2".into(), NoCard::new(b2)))
+        .await
+        .unwrap();
+    settle(|| balance.targets().len() == 2).await;
+    assert_eq!(
+        (balance.in_flight("b1"), balance.in_flight("b2")),
+        (Some(0), Some(0))
+    );
+
+    // Each counts only its own calls.
+    let mut futures = Vec::new();
+    for _ in 0..3 {
+        futures.push(balance.ready().await.unwrap().call(Req::default()));
+    }
+    let mut replies = Vec::new();
+    let (mut to_b1, mut to_b2) = (0, 0);
+    while replies.len() < 3 {
+        tokio::select! {
+            Some((_, reply)) = b1_handle.next_request() => { to_b1 += 1; replies.push(reply); }
+            Some((_, reply)) = b2_handle.next_request() => { to_b2 += 1; replies.push(reply); }
+        }
+    }
+    assert_eq!(
+        (balance.in_flight("b1"), balance.in_flight("b2")),
+        (Some(to_b1), Some(to_b2))
+    );
+    drop(futures);
+    assert_eq!(
+        (balance.in_flight("b1"), balance.in_flight("b2")),
+        (Some(0), Some(0))
+    );
+}

@@ -568,7 +568,7 @@ fn again_after(
     let unsent = retry.take()?;
     let life = Arc::clone(unsent.life());
     let mut balance = life.balance.clone();
-    if let Some(target) = attempts.last_target() {
+    for target in attempts.targets() {
         balance.avoid(Arc::clone(target));
     }
     set_previous(&mut request, attempts.made());

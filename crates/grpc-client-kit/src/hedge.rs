@@ -295,14 +295,13 @@ impl Hedge {
         }
     }
 
-    /// The next attempt waits for a target: another than the last attempt's, when there is
-    /// one.
+    /// The next attempt waits for a target: one that no earlier attempt went to, while there
+    /// is one eligible.
     fn launch_next(&mut self) {
         let mut balance = self.life.balance.clone();
-        if let Some(last) = self.in_flight.last().and_then(|(_, t)| t.get()) {
-            balance.avoid(Arc::clone(last));
-        } else if let Some(last) = self.tried.last() {
-            balance.avoid(Arc::clone(last));
+        let in_flight = self.in_flight.iter().filter_map(|(_, t)| t.get());
+        for target in self.tried.iter().chain(in_flight) {
+            balance.avoid(Arc::clone(target));
         }
         self.launching = Some(balance);
     }

@@ -218,9 +218,9 @@ impl Attempts {
         }
     }
 
-    /// The target the last attempt went to.
-    pub(crate) fn last_target(&self) -> Option<&Arc<str>> {
-        self.tried.last()
+    /// The targets the attempts went to, in order.
+    pub(crate) fn targets(&self) -> &[Arc<str>] {
+        &self.tried
     }
 
     /// Attempts sent so far.

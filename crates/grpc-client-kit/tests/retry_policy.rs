@@ -305,6 +305,65 @@ async fn hedging_returns_the_fast_answer_and_cancels_the_slow_attempt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hedge_goes_to_a_target_no_earlier_attempt_of_the_call_went_to() {
+    // Two slow targets and a fast one; random picks (round robin walks the targets in order,
+    // which would hide a hedge going back to the first attempt's target).
+    let backends = Backends::start(3).await.unwrap();
+    backends[0].set_delay(Duration::from_secs(3));
+    backends[1].set_delay(Duration::from_secs(3));
+    let kit = Kit::builder()
+        .targets(backends.uris())
+        .without_health()
+        .strategy(grpc_client_kit::balance::Strategy::Random)
+        .service_config(hedging(3, "0.03s", ""))
+        .build()
+        .unwrap();
+    let mut client = TestServiceClient::new(kit.channel());
+    const CALLS: usize = 12;
+    for i in 0..CALLS {
+        let mut request = tonic::Request::new(Ping::default());
+        request
+            .metadata_mut()
+            .insert("x-call", i.to_string().parse().unwrap());
+        let out = tokio::time::timeout(Duration::from_secs(10), client.unary(request))
+            .await
+            .expect("the call ended within 10 s");
+        assert!(out.is_ok(), "call {i}: {out:?}");
+    }
+    // Each call reached the fast target once, and no target twice: with three attempts and
+    // three targets, a call whose first two attempts went to the slow ones sent its third to
+    // the fast one.
+    let calls = |b: &test_backends::Backend| -> Vec<String> {
+        b.recent_request_headers()
+            .iter()
+            .map(|h| h["x-call"].to_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        backends[2].hits(),
+        CALLS as u64,
+        "{:?}",
+        calls(&backends[2])
+    );
+    for (i, b) in backends.iter().enumerate() {
+        let mut seen = calls(b);
+        let all = seen.len();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            all,
+            "backend {i} saw a call twice: {:?}",
+            calls(b)
+        );
+    }
+    assert!(
+        backends[0].hits() + backends[1].hits() >= 2,
+        "some calls started on a slow target"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatal_status_ends_hedging_at_once_with_that_status() {
     let backends = Backends::start(2).await.unwrap();
     backends[0].set_delay(Duration::from_secs(3));
@@ -364,6 +423,45 @@ async fn a_hedged_call_ends_by_its_deadline() {
         .expect("ended");
     assert_eq!(out.unwrap_err().code(), Code::DeadlineExceeded);
     assert!(start.elapsed() < Duration::from_millis(300 + 250));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_not_ready_at_once_is_sent_once_unhedged() {
+    // `UNIMPLEMENTED` (the test backends' answer to `Upload`) is non-fatal here: a hedged call
+    // that meets it sends its next attempt at once, so every attempt shows as a hit.
+    let backends = Backends::start(2).await.unwrap();
+    let kit = kit(&backends, &hedging(3, "0.01s", r#""UNIMPLEMENTED""#));
+    let upload_hits = || {
+        backends
+            .iter()
+            .map(|b| b.hits_for(test_backends::UPLOAD_PATH))
+            .sum::<u64>()
+    };
+    // A client stream whose messages are all there at the call: read whole, kept, hedged.
+    let pings = futures_util::stream::iter(vec![Ping::default(); 3]);
+    let status = test_backends::upload(kit.channel(), tonic::Request::new(pings))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    assert_eq!(upload_hits(), 3, "a stream ready at once is hedged");
+    // A client stream whose first message comes later (its caller may be waiting for the
+    // answer before it sends more): sent once, as it comes.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Ping>(1);
+    let pings = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let producer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = tx.send(Ping::default()).await;
+    });
+    let status = tokio::time::timeout(
+        Duration::from_secs(10),
+        test_backends::upload(kit.channel(), tonic::Request::new(pings)),
+    )
+    .await
+    .expect("the call ended within 10 s")
+    .unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    assert_eq!(upload_hits(), 4, "a stream not ready at once is sent once");
+    producer.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
