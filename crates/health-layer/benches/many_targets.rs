@@ -1,21 +1,34 @@
-//! A checker with 1,000 targets at a 1 s interval: CPU share and memory per target.
+//! A checker with 1,000 targets: CPU share and memory per target, in `Watch` mode (idle: nothing
+//! changes on the servers) and in `Check` mode (a `Check` per target every 1 s).
 //!
-//! The servers run in a child process (this binary again, with `HL_BENCH_SERVERS=1`): 10
-//! test backends. The checker has 1,000 targets, 100 per backend, each with its own probe
-//! channel (so 1,000 HTTP/2 connections, as 1,000 real endpoints would have). Only this
-//! process is measured: CPU time from `/proc/self/stat` (user + system, all threads) over a
-//! window after warm-up, and resident memory (`VmRSS`) before the checker and after it is warm.
+//! Each mode runs in a process of its own (this binary again, with `HL_BENCH_MODE`), so that
+//! neither's memory or CPU counts towards the other's. Its servers run in yet another process
+//! (`HL_BENCH_SERVERS=1`): 10 test backends. The checker has 1,000 targets, 100 per backend,
+//! each with its own probe channel (so 1,000 HTTP/2 connections, as 1,000 real endpoints would
+//! have). Only the checker's process is measured: CPU time from `/proc/self/stat` (user +
+//! system, all threads) over a window after warm-up, and resident memory (`VmRSS`) before the
+//! checker and after it is warm. The load average is printed too: other work on the machine
+//! slows everything down, but CPU time per check is this process's own.
+//!
+//! The output ends with one line per mode, `watch: ...` then `checker: ...`:
 //!
 //! ```text
 //! cargo bench -p health-layer --bench many_targets
 //! HL_TARGETS=2000 HL_WINDOW_SECS=30 cargo bench -p health-layer --bench many_targets
+//! HL_MODES=check cargo bench -p health-layer --bench many_targets
 //! ```
+//!
+//! `HL_WATCH_INTERVAL_SECS` (default 30, the checker's default interval) is how often a quiet
+//! `Watch` stream's connection is verified with a `Check`; `HL_WINDOW_SECS` the measured window
+//! (default 20 s for `Check`; for `Watch`, 4/3 of that interval and at least 20 s, so that the
+//! window holds every target's verifying `Check`); `HL_WORKERS` (default 2) the checker's
+//! runtime's worker threads, 0 for a current-thread runtime.
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use health_layer::{HealthChecker, Target};
+use health_layer::{HealthChecker, ProbeMode, Target};
 use tonic::transport::Endpoint;
 
 const BACKENDS: usize = 10;
@@ -53,7 +66,8 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// The child: serve, print the URIs, answer `count` with the total health checks; exit on EOF.
+/// The servers' process: serve, print the URIs, answer `count` with the total health checks
+/// (`Check` and `Watch` calls); exit on EOF.
 fn servers() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -82,15 +96,65 @@ fn servers() {
     });
 }
 
-fn main() {
-    if std::env::var("HL_BENCH_SERVERS").is_ok() {
-        return servers();
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Check,
+    Watch,
+}
+
+impl Mode {
+    fn parse(s: &str) -> Option<Mode> {
+        match s.trim() {
+            "check" | "checker" => Some(Mode::Check),
+            "watch" => Some(Mode::Watch),
+            _ => None,
+        }
     }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Watch => "watch",
+        }
+    }
+
+    /// The first word of the summary line.
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Check => "checker",
+            Mode::Watch => "watch",
+        }
+    }
+}
+
+/// Runs `f`, which blocks, on a runtime of `workers` threads (0: the current thread).
+fn blocking<T>(workers: usize, f: impl FnOnce() -> T) -> T {
+    if workers == 0 {
+        f()
+    } else {
+        tokio::task::block_in_place(f)
+    }
+}
+
+/// One mode, measured in this process (the servers in a child): prints the details, then the
+/// summary line.
+fn measure(mode: Mode) {
     let targets = env_or("HL_TARGETS", 1_000) as usize;
-    let window = Duration::from_secs(env_or("HL_WINDOW_SECS", 20));
+    let interval = match mode {
+        Mode::Check => Duration::from_secs(1),
+        Mode::Watch => Duration::from_secs(env_or("HL_WATCH_INTERVAL_SECS", 30)),
+    };
+    // Watch: by default a window longer than the interval, so that it holds every target's
+    // verifying `Check` of a quiet stream, not just silence.
+    let default_window = match mode {
+        Mode::Check => 20,
+        Mode::Watch => (interval.as_secs() * 4 / 3).max(20),
+    };
+    let window = Duration::from_secs(env_or("HL_WINDOW_SECS", default_window));
 
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env("HL_BENCH_SERVERS", "1")
+        .env_remove("HL_BENCH_MODE")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -110,18 +174,31 @@ fn main() {
         from_child.next().unwrap().unwrap().trim().parse().unwrap()
     };
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let load_before = loadavg();
-    let (rss_before, rss_after, cpu, wall, checks) = runtime.block_on(async {
+    // `HL_WORKERS` (default 2): the checker's runtime's worker threads; 0 is a current-thread
+    // runtime.
+    let workers = env_or("HL_WORKERS", 2) as usize;
+    let runtime = match workers {
+        0 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    }
+    .enable_all()
+    .build()
+    .unwrap();
+    let (rss_before, rss_after, cpu, wall, calls, load) = runtime.block_on(async {
         // Let the runtime's own allocations settle before the baseline.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let rss_before = rss_kib();
+        let probe_mode = match mode {
+            Mode::Check => ProbeMode::Check,
+            Mode::Watch => ProbeMode::Watch,
+        };
         let checker = HealthChecker::builder()
-            .interval(Duration::from_secs(1))
+            .mode(probe_mode)
+            .interval(interval)
             .jitter(0.1)
             .timeout(Duration::from_secs(5))
             .build()
@@ -146,36 +223,104 @@ fn main() {
         assert_eq!(healthy, targets);
 
         let rss_after = rss_kib();
-        let checks_before = tokio::task::block_in_place(&mut count);
+        let calls_before = blocking(workers, &mut count);
+        let load_before = loadavg();
         let cpu_before = cpu_time();
         let t0 = Instant::now();
         tokio::time::sleep(window).await;
         let cpu = cpu_time() - cpu_before;
         let wall = t0.elapsed();
-        let checks = tokio::task::block_in_place(&mut count) - checks_before;
+        let load = format!("before: {load_before}; after: {}", loadavg());
+        let calls = blocking(workers, &mut count) - calls_before;
+        let healthy = checker
+            .statuses()
+            .iter()
+            .filter(|s| s.verdict == health_layer::HealthVerdict::Healthy)
+            .count();
+        assert_eq!(healthy, targets, "every target stayed healthy");
         checker.stop().await;
-        (rss_before, rss_after, cpu, wall, checks)
+        (rss_before, rss_after, cpu, wall, calls, load)
     });
     let _ = child.kill();
     let _ = child.wait();
 
     let share = cpu.as_secs_f64() / wall.as_secs_f64();
+    let per_target = (rss_after.saturating_sub(rss_before)) as f64 / targets as f64;
+    match mode {
+        Mode::Check => println!(
+            "{targets} targets, Check every 1 s (jitter 0.1), {BACKENDS} backends in another process, {}",
+            runtime_name(workers)
+        ),
+        Mode::Watch => println!(
+            "{targets} targets, Watch, idle (a quiet stream verified with a Check every {} s), {BACKENDS} backends in another process, {}",
+            interval.as_secs(),
+            runtime_name(workers)
+        ),
+    }
     println!(
-        "{targets} targets, interval 1 s (jitter 0.1), Check mode, {BACKENDS} backends in another process"
-    );
-    println!(
-        "checks in {:.1} s: {checks} ({:.0}/s); CPU {:.2} s = {:.1}% of one core; {:.1} µs CPU per check",
+        "health calls in {:.1} s: {calls} ({:.0}/s); CPU {:.2} s = {:.2}% of one core; {:.1} µs CPU per call",
         wall.as_secs_f64(),
-        checks as f64 / wall.as_secs_f64(),
+        calls as f64 / wall.as_secs_f64(),
         cpu.as_secs_f64(),
         share * 100.0,
-        cpu.as_secs_f64() * 1e6 / checks.max(1) as f64,
+        cpu.as_secs_f64() * 1e6 / calls.max(1) as f64,
     );
     println!(
-        "RSS {} KiB -> {} KiB: {:.1} KiB per target (task, status record, card, probe channel and its HTTP/2 connection)",
-        rss_before,
-        rss_after,
-        (rss_after.saturating_sub(rss_before)) as f64 / targets as f64
+        "RSS {rss_before} KiB -> {rss_after} KiB: {per_target:.1} KiB per target (task, status record, card, probe channel and its HTTP/2 connection)"
     );
-    println!("load average before: {load_before}; after: {}", loadavg());
+    println!("load average {load}");
+    println!(
+        "{}: targets={targets} cpu_percent={:.1} kib_per_target={:.1}",
+        mode.label(),
+        share * 100.0,
+        per_target
+    );
+}
+
+fn runtime_name(workers: usize) -> String {
+    match workers {
+        0 => "current-thread runtime".into(),
+        n => format!("multi-thread runtime, {n} workers"),
+    }
+}
+
+fn main() {
+    if std::env::var("HL_BENCH_SERVERS").is_ok() {
+        return servers();
+    }
+    if let Ok(mode) = std::env::var("HL_BENCH_MODE") {
+        return measure(Mode::parse(&mode).expect("HL_BENCH_MODE is check or watch"));
+    }
+    // `cargo test --benches` runs this too: measure only under `cargo bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let modes: Vec<Mode> = std::env::var("HL_MODES")
+        .unwrap_or_else(|_| "watch,check".into())
+        .split(',')
+        .map(|m| Mode::parse(m).expect("HL_MODES lists check and/or watch"))
+        .collect();
+    let mut summaries = Vec::new();
+    for mode in modes {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .env("HL_BENCH_MODE", mode.name())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "the {} run failed", mode.name());
+        let text = String::from_utf8(out.stdout).unwrap();
+        print!("{text}");
+        println!();
+        let prefix = format!("{}: ", mode.label());
+        summaries.extend(
+            text.lines()
+                .filter(|l| l.starts_with(&prefix))
+                .map(String::from),
+        );
+    }
+    // The summary lines last, `checker: ...` at the very end.
+    summaries.sort_by_key(|l| l.starts_with("checker: "));
+    for line in summaries {
+        println!("{line}");
+    }
 }

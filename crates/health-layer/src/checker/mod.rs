@@ -19,6 +19,7 @@ use crate::error::{
 };
 use crate::layer::HealthLayer;
 
+mod grid;
 mod publish;
 mod run;
 mod shared;

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use endpoint_state::sync::lock;
-use endpoint_state::time::after;
 use endpoint_state::{CardEvent, HealthVerdict, LineState, rng, text};
 use tokio::time::Instant;
 use tonic::Code;
@@ -127,11 +126,11 @@ impl Shared {
         if self.config.interval.is_zero() || self.is_watch() {
             return None;
         }
-        let delay = self
-            .config
-            .check_backoff()
-            .delay(failures.saturating_sub(1), rng::unit());
-        Some(after(delay))
+        let backoff = self.config.check_backoff();
+        let n = failures.saturating_sub(1);
+        let delay = backoff.delay(n, rng::unit());
+        let (low, high) = backoff.bounds(n);
+        Some(self.grid.place(Instant::now(), delay, low, high))
     }
 
     fn run_callbacks(&self, t: &CardEvent) {

@@ -11,6 +11,7 @@ use endpoint_state::{CardEvent, EndpointCard};
 use tokio::sync::{Notify, Semaphore, broadcast};
 use tokio::time::Instant;
 
+use super::grid::Grid;
 use super::target::{Entry, Target};
 use crate::config::{HealthConfig, ProbeMode};
 use crate::error::InvalidTarget;
@@ -38,6 +39,8 @@ pub(super) struct Shared {
     pub(super) warned: [AtomicBool; 3],
     /// The first panic of a transition callback, with `fail_fast_callbacks`.
     pub(super) panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Where jittered checks are placed, so that checks due together share a wake-up.
+    pub(super) grid: Grid,
 }
 
 impl Shared {
@@ -54,6 +57,7 @@ impl Shared {
             progress: Notify::new(),
             warned: Default::default(),
             panic: Mutex::default(),
+            grid: Grid::new(Instant::now()),
         }
     }
 

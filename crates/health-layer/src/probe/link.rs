@@ -16,11 +16,12 @@ use endpoint_state::time::{FAR, Secs};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
-use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::pb::HealthCheckResponse;
 
+use super::check_call::CheckCall;
 use super::connect::{ProbeConn, connect_failed, connect_until};
 use super::error::{ConnectionEnd, ProbeError, ProbeFailure};
-use super::grpc::{ServingStatus, check_on, transport_is_unavailable, watch_on};
+use super::grpc::{ServingStatus, transport_is_unavailable, watch_on};
 
 /// Connects a probe channel from its endpoint (the user's
 /// [`connector`](crate::HealthConfig::connector)).
@@ -53,6 +54,8 @@ pub(crate) struct ProbeLink {
     /// `None` for custom probes, which have no endpoint.
     endpoint: Option<Endpoint>,
     service: Arc<str>,
+    /// The `Check` about `service`, encoded once.
+    check: CheckCall,
     /// The gRPC connection, kept between passing probes.
     conn: Mutex<Option<ProbeConn>>,
     /// The HTTP/2 keepalive of new connections, when the checker sets one:
@@ -77,6 +80,7 @@ impl ProbeLink {
         ProbeLink {
             target,
             endpoint,
+            check: CheckCall::new(service.clone()),
             service,
             conn: Mutex::new(None),
             keepalive: Mutex::new(keepalive),
@@ -164,12 +168,6 @@ impl ProbeLink {
         )
     }
 
-    fn request(&self) -> tonic::Request<HealthCheckRequest> {
-        tonic::Request::new(HealthCheckRequest {
-            service: self.service.to_string(),
-        })
-    }
-
     /// Connects a new probe channel: the endpoint, with the link's keepalive when it sets one.
     pub(crate) async fn connect(
         &self,
@@ -250,7 +248,7 @@ impl ProbeLink {
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        match check_on(channel, &self.target, self.request(), remaining).await? {
+        match self.check.call(channel, &self.target, remaining).await? {
             ServingStatus::Serving => Ok(()),
             status => Err(self.not_serving(status)),
         }
@@ -259,7 +257,7 @@ impl ProbeLink {
     /// One `Check` on `channel` within `limit`, whatever it answers: verifies that a kept
     /// connection is alive (a call with data, which no server counts as an abusive ping).
     pub(crate) fn verify(&self, channel: Channel, limit: Duration) -> Verifying<'_> {
-        Box::pin(check_on(channel, &self.target, self.request(), limit))
+        Box::pin(self.check.call(channel, &self.target, limit))
     }
 
     /// Subscribes to `Watch` on a new connection (kept by the link while the stream lives), by

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use endpoint_state::BoxError;
 
+mod check_call;
 mod connect;
 mod error;
 pub mod frames;
