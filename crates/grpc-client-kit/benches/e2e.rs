@@ -1,8 +1,9 @@
 //! End-to-end unary throughput and latency: the kit against tonic's and tower's balancers, in
 //! the same run.
 //!
-//! Three in-process test backends on loopback; `--callers` (64) tasks, each with its own clone
-//! of a generated `TestServiceClient`, call `Unary` back to back for a fixed time. Contenders:
+//! Three test backends on loopback, in another process (this bench binary again, re-executed
+//! as a backends process); `--callers` (64) tasks, each with its own clone of a generated
+//! `TestServiceClient`, call `Unary` back to back for a fixed time. Contenders:
 //!
 //! * `kit` — the grpc-client-kit channel with round-robin (health in Watch mode, quarantine and
 //!   breaker at their defaults: the whole per-target stack);
@@ -15,12 +16,12 @@
 //! * `kit + retryPolicy` — the kit with a service config whose `retryPolicy` (gRFC A6) covers
 //!   the method: the cost of an enabled retry policy on the success path (issue 16).
 //!
-//! With `--hedging` (issue 16), a second part runs over three other backends, one of them slow
-//! (`--slow-ms`, 20 ms per call): the kit over the two fast ones alone, over all three without
-//! hedging, and over all three with a `hedgingPolicy` (`maxAttempts` 2, `hedgingDelay`
-//! `--hedge-delay-ms`, 2 ms), with `--hedge-callers` (4) callers — few enough that the
-//! backends are not saturated, where hedging is meant to run: the hedged p99 against the fast
-//! backends' p99.
+//! With `--hedging` (issue 16), a second part runs over three other backends (in a second
+//! backends process), one of them slow (`--slow-ms`, 20 ms per call): the kit over the two
+//! fast ones alone, over all three without hedging, and over all three with a `hedgingPolicy`
+//! (`maxAttempts` 2, `hedgingDelay` `--hedge-delay-ms`, 2 ms), with `--hedge-callers` (4)
+//! callers — few enough that the backends are not saturated, where hedging is meant to run:
+//! the hedged p99 against the fast backends' p99.
 //!
 //! With `--variants`, the kit also runs without its breaker, without quarantine, without
 //! health checking, and as the balancer alone: what each layer costs. `--only NAME` keeps
@@ -30,13 +31,19 @@
 //! in total, split into `--rounds` (20) slices taken in rotating order, each after a short
 //! warm-up (at most 250 ms; the first one `--warmup`, 1 s), so that a change in the machine's
 //! load hits every contender alike: on a shared machine, prefer many short rounds. Latency is
-//! per successful call (HDR histogram, 3 significant digits). CPU is the time spent by the client runtime's
-//! threads and by the backends' runtime threads (from `/proc`), per call.
+//! per successful call (HDR histogram, 3 significant digits). Client CPU is the client
+//! process's own (user + system, all its threads, from `/proc/self/stat`) over the contender's
+//! measured slices, per call: only the client counts, the backends being elsewhere. Server CPU
+//! is the backends process's (from `/proc/<pid>/stat`), per call. Both have the clock tick's
+//! resolution (10 ms) per slice.
 //!
-//! The backends run on their own runtime (`--server-workers`, 2), the callers and every
-//! client's background tasks on another (`--client-workers`, 2). Note that test-backends
-//! records each request's headers (a short lock and a header-map clone per call): the same for
-//! every contender.
+//! The backends process serves on a runtime of `--server-workers` (2) worker threads and
+//! answers the bench's questions (calls per backend, for the split column and the hedging
+//! part's slow backend) on its stdin and stdout; it exits when its stdin closes, and is killed
+//! and reaped should the bench panic. The callers and every client's background tasks run on
+//! the client process's runtime (`--client-workers`, 2). Note that test-backends records each
+//! request's headers (a short lock and a header-map clone per call): the same for every
+//! contender.
 //!
 //! ```text
 //! cargo bench -p grpc-client-kit --bench e2e                          # 10 s each, 20 rounds
@@ -57,10 +64,9 @@ use std::time::Duration;
 use grpc_client_kit::Kit;
 use grpc_client_kit::health::{HealthConfig, ProbeMode};
 use support::{
-    Args, CpuMark, LoadResult, UnaryCaller, balance_list, closed_loop, fmt_ns, loadavg,
-    single_channel, table, tower_p2c,
+    Args, BackendsProcess, CpuMark, LoadResult, UnaryCaller, balance_list, closed_loop, fmt_ns,
+    loadavg, single_channel, table, tower_p2c,
 };
-use test_backends::Backends;
 use test_backends::pb::test_service_client::TestServiceClient;
 
 /// Runs the closed loop for one contender: `(callers, duration) -> result`. Boxed once per
@@ -85,6 +91,10 @@ struct Contender {
 }
 
 fn main() {
+    // Re-executed as the backends process: serve until stdin closes.
+    if support::serve_backends_if_child() {
+        return;
+    }
     let args = Args::from_env();
     let smoke = !args.is_bench();
     let secs = args.secs("secs", "GCK_E2E_SECS", if smoke { 0.3 } else { 10.0 });
@@ -105,9 +115,8 @@ fn main() {
     let hedge_delay_ms: u64 = args.get("hedge-delay-ms", "GCK_E2E_HEDGE_DELAY_MS", 2);
     let hedge_callers: usize = args.get("hedge-callers", "GCK_E2E_HEDGE_CALLERS", 4);
 
-    let server_rt = support::runtime(support::SERVER_THREADS, server_workers);
+    let mut backends = BackendsProcess::start(3, server_workers);
     let client_rt = support::runtime(support::CLIENT_THREADS, client_workers);
-    let backends = server_rt.block_on(Backends::start(3)).expect("backends");
     let uris = backends.uris();
 
     let mut contenders: Vec<Contender> = {
@@ -169,12 +178,12 @@ fn main() {
                 c.name,
                 warm.errors
             );
-            let hits_before: Vec<u64> = backends.iter().map(|b| b.hits()).collect();
-            let cpu = CpuMark::now();
+            let hits_before = backends.hits();
+            let cpu = CpuMark::now(backends.pid());
             let r = client_rt.block_on((c.client)(callers, slice));
             let (client_cpu, server_cpu) = cpu.since();
-            for (i, b) in backends.iter().enumerate() {
-                c.split[i] += b.hits() - hits_before[i];
+            for (i, after) in backends.hits().into_iter().enumerate() {
+                c.split[i] += after - hits_before[i];
             }
             c.cpu.0 += client_cpu;
             c.cpu.1 += server_cpu;
@@ -225,9 +234,9 @@ fn main() {
         ]);
     }
     println!(
-        "e2e unary: 3 backends on loopback, {callers} callers, {} measured per contender \
-         ({rounds} round(s), {} warm-up each), client runtime {client_workers} workers, \
-         backend runtime {server_workers} workers{}",
+        "e2e unary: 3 backends on loopback in another process (runtime {server_workers} \
+         workers), {callers} callers, {} measured per contender ({rounds} round(s), {} warm-up \
+         each), client runtime {client_workers} workers; client CPU = the client process's{}",
         support::fmt_dur(secs),
         support::fmt_dur(warmup),
         if smoke { " [smoke run]" } else { "" },
@@ -263,9 +272,9 @@ fn main() {
     let mut hedging_failed = 0;
     if hedging {
         hedging_failed = hedging_part(
-            &server_rt,
             &client_rt,
             HedgingRun {
+                server_workers,
                 callers: hedge_callers,
                 secs,
                 warmup,
@@ -282,11 +291,8 @@ fn main() {
         .sum();
     drop(contenders);
     client_rt.shutdown_timeout(Duration::from_secs(1));
-    server_rt.block_on(async {
-        for b in backends.iter() {
-            b.stop().await;
-        }
-    });
+    // Closes the backends process's stdin, waits for it to exit.
+    drop(backends);
     assert_eq!(failed, 0, "no call may fail on healthy backends");
     assert_eq!(hedging_failed, 0, "no hedged call may fail");
 }
@@ -299,6 +305,7 @@ const RETRY_POLICY: &str = r#"{"methodConfig": [{"name": [{"service": "gck.test.
 
 /// The settings of the hedging part.
 struct HedgingRun {
+    server_workers: usize,
     callers: usize,
     secs: Duration,
     warmup: Duration,
@@ -308,13 +315,9 @@ struct HedgingRun {
 }
 
 /// The hedging part: three backends, the last one slow; returns the calls that failed.
-fn hedging_part(
-    server_rt: &tokio::runtime::Runtime,
-    client_rt: &tokio::runtime::Runtime,
-    run: HedgingRun,
-) -> u64 {
-    let backends = server_rt.block_on(Backends::start(3)).expect("backends");
-    backends[2].set_delay(run.slow);
+fn hedging_part(client_rt: &tokio::runtime::Runtime, run: HedgingRun) -> u64 {
+    let mut backends = BackendsProcess::start(3, run.server_workers);
+    backends.set_delay(2, run.slow);
     let uris = backends.uris();
     let hedge = format!(
         r#"{{"methodConfig": [{{"name": [{{"service": "gck.test.v1.TestService"}}],
@@ -383,7 +386,7 @@ fn hedging_part(
         ]);
     }
     println!(
-        "hedging (issue 16): 3 backends, the third {} ms slower per call; hedgingDelay {} ms, \
+        "hedging (issue 16): 3 backends in another process, the third {} ms slower per call; hedgingDelay {} ms, \
          maxAttempts 2; {} callers, {} measured per contender",
         run.slow.as_millis(),
         run.delay_ms,
@@ -408,15 +411,11 @@ fn hedging_part(
     );
     println!(
         "slow backend: {} calls received, {} cancelled",
-        backends[2].hits(),
-        backends[2].cancelled()
+        backends.hits()[2],
+        backends.cancelled()[2]
     );
     drop(contenders);
-    server_rt.block_on(async {
-        for b in backends.iter() {
-            b.stop().await;
-        }
-    });
+    drop(backends);
     failed
 }
 

@@ -6,9 +6,12 @@
 //! 1. **Watch flip.** The kit in Watch mode under `--flip-callers` (8) concurrent callers. Each
 //!    round sets `b1` NOT_SERVING and measures the time from the flip (just before the status
 //!    is set) to the *start* of the last call that `b1` then answered — the last call the kit
-//!    admitted to it (0 when none started after the flip). Then SERVING again, and the next
-//!    round starts once `b1` gets calls again. p50 / p99 / max over `--flips` (50) rounds. The
-//!    same flip under tonic's `balance_list` is shown for contrast (it ignores health).
+//!    admitted to it. Then SERVING again, and the next round starts once `b1` gets calls again.
+//!    A flip after which no call to `b1` started has no reaction to measure: it is counted
+//!    (the "flips with no call after" column), not taken as a 0 µs sample. Flips go on until
+//!    `--flips` (200) flips have a sample, so that the p99 is a percentile rather than the
+//!    maximum (at most four times as many flips in all). The same flip under tonic's
+//!    `balance_list` is shown for contrast (it ignores health).
 //! 2. **Stop.** `b1` is stopped gracefully (`stop_graceful`: GOAWAY, in-flight calls drain,
 //!    the port refuses new connections at once; what is still open after `--grace` is killed)
 //!    or abruptly (`stop`: every connection reset at once, in-flight calls fail). One
@@ -16,9 +19,12 @@
 //!    until `--observe` (1.5 s) after it. Counted per trial: failed calls, of which started
 //!    before the stop (they were in flight when it came) and after it (new calls the client
 //!    still sent to the dead backend), and the calls in flight to `b1` at the stop (started
-//!    before, ended after, answered by `b1` or failed) and — for an abrupt stop, which takes a
+//!    before, ended after, and received by `b1`) and — for an abrupt stop, which takes a
 //!    moment to reset every connection — the calls in flight to `b1` at any time during the
-//!    stop (started before it ended, ended after it began). Contenders: the kit in Watch mode, the
+//!    stop (received by `b1`, started before the stop ended, ended after it began). Which calls
+//!    `b1` received is told by `b1` itself (every call carries an `x-call-id`, which the backend
+//!    records), not by the call's outcome: a failed call counts as in flight only if it reached
+//!    `b1`. Contenders: the kit in Watch mode, the
 //!    kit in Check mode (`--check-interval`, 1 s), and tonic's `balance_list`. A fresh client
 //!    per trial; `b1` is restarted between trials.
 //!
@@ -53,6 +59,8 @@ const VICTIM: usize = 1;
 /// One finished call.
 #[derive(Debug, Clone)]
 struct Record {
+    /// Its `x-call-id`.
+    id: u64,
     start: Instant,
     end: Instant,
     /// The answering backend's index, or the failure.
@@ -71,6 +79,8 @@ struct Shared {
     late: AtomicU64,
     /// Every call, when the trial wants them.
     records: Option<Mutex<Vec<Record>>>,
+    /// The next call's `x-call-id`.
+    next_id: AtomicU64,
 }
 
 impl Shared {
@@ -82,6 +92,7 @@ impl Shared {
             flip_at: AtomicU64::new(u64::MAX),
             late: AtomicU64::new(0),
             records: keep_records.then(|| Mutex::new(Vec::new())),
+            next_id: AtomicU64::new(0),
         })
     }
 
@@ -101,10 +112,14 @@ impl Shared {
 async fn caller<C: UnaryCaller>(mut client: C, shared: Arc<Shared>) {
     let mut local = Vec::new();
     while !shared.stop.load(Ordering::Relaxed) {
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut request = tonic::Request::new(test_backends::pb::Ping::default());
+        request.metadata_mut().insert(
+            test_backends::CALL_ID_HEADER,
+            tonic::metadata::MetadataValue::from(id),
+        );
         let start = Instant::now();
-        let outcome = client
-            .unary(tonic::Request::new(test_backends::pb::Ping::default()))
-            .await;
+        let outcome = client.unary(request).await;
         let end = Instant::now();
         let outcome = match outcome {
             Ok(pong) => {
@@ -120,6 +135,7 @@ async fn caller<C: UnaryCaller>(mut client: C, shared: Arc<Shared>) {
         };
         if shared.records.is_some() {
             local.push(Record {
+                id,
                 start,
                 end,
                 outcome,
@@ -224,7 +240,7 @@ impl Settings {
         let args = Args::from_env();
         let smoke = !args.is_bench();
         Self {
-            flips: args.get("flips", "GCK_REACTION_FLIPS", if smoke { 5 } else { 50 }),
+            flips: args.get("flips", "GCK_REACTION_FLIPS", if smoke { 5 } else { 200 }),
             flip_callers: args.get("flip-callers", "GCK_REACTION_FLIP_CALLERS", 8),
             trials: args.get("trials", "GCK_REACTION_TRIALS", if smoke { 1 } else { 5 }),
             concurrent: args.get("callers", "GCK_REACTION_CALLERS", 32),
@@ -252,11 +268,14 @@ impl Settings {
 // ----- 1. flips -----
 
 struct FlipResult {
-    /// Flip to the start of the last call the victim answered (zero when none started after).
+    /// Flip to the start of the last call the victim answered, for each flip after which one
+    /// started.
     reaction: Vec<Duration>,
     /// Calls the victim answered that started after the flip, over all flips.
     late_calls: u64,
-    /// Flips after which no call to the victim started.
+    /// Flips in all.
+    flips: usize,
+    /// Flips after which no call to the victim started (no sample).
     clean: usize,
 }
 
@@ -274,9 +293,12 @@ async fn flips(
     let mut result = FlipResult {
         reaction: Vec::with_capacity(n),
         late_calls: 0,
+        flips: 0,
         clean: 0,
     };
-    for _ in 0..n {
+    // `n` samples: flips after which a call to the victim started (at most `4 n` flips).
+    while result.reaction.len() < n && result.flips < 4 * n {
+        result.flips += 1;
         // The victim must be in rotation before it is flipped.
         assert!(
             until_answered(&shared, VICTIM, Instant::now(), Duration::from_secs(10)).await,
@@ -294,9 +316,9 @@ async fn flips(
         // that, then read the start of the last call the victim answered.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let last = shared.last_start(VICTIM).expect("answered before");
-        let late = last.saturating_duration_since(flip);
-        result.reaction.push(late);
-        if last <= flip {
+        if last > flip {
+            result.reaction.push(last - flip);
+        } else {
             result.clean += 1;
         }
         shared.flip_at.store(u64::MAX, Ordering::Release);
@@ -360,6 +382,7 @@ async fn stop_trial(
     join(tasks).await;
 
     let shared = Shared::new(true);
+    victim.record_call_ids();
     let tasks = (client.spawn)(callers, shared.clone());
     tokio::time::sleep(s.lead).await;
     let stop_at = Instant::now();
@@ -394,8 +417,10 @@ async fn stop_trial(
         stop_took: gone_at - stop_at,
         ..TrialResult::default()
     };
+    // The calls the victim received, as it tells (whatever became of them).
+    let reached: std::collections::HashSet<u64> = victim.take_call_ids().into_iter().collect();
     for rec in records.iter() {
-        let to_victim = matches!(rec.outcome, Ok(VICTIM) | Err(_));
+        let to_victim = reached.contains(&rec.id);
         if to_victim && rec.start < stop_at && rec.end > stop_at {
             r.in_flight_to_victim += 1;
         }
@@ -437,22 +462,28 @@ fn main() {
         let mut r = client_rt.block_on(flips(which, &backends, &uris, &s, n));
         r.reaction.sort();
         let pct = |p: f64| {
+            if r.reaction.is_empty() {
+                return "-".to_string();
+            }
             let i = ((r.reaction.len() as f64 - 1.0) * p).round() as usize;
             fmt_dur(r.reaction[i])
         };
         flip_rows.push(vec![
             which.name().to_string(),
+            r.flips.to_string(),
             r.reaction.len().to_string(),
             pct(0.50),
+            pct(0.90),
             pct(0.99),
-            fmt_dur(*r.reaction.last().unwrap()),
-            format!("{}/{}", r.clean, r.reaction.len()),
+            pct(1.0),
+            format!("{}/{}", r.clean, r.flips),
             r.late_calls.to_string(),
         ]);
     }
     println!(
         "\n1. NOT_SERVING flip -> start of the last call the flipped backend answered \
-         ({} callers, 3 backends; the 200 ms after each flip are watched)",
+         ({} callers, 3 backends; the 200 ms after each flip are watched; a sample per flip \
+         after which a call to b1 started)",
         s.flip_callers
     );
     print!(
@@ -461,7 +492,9 @@ fn main() {
             &[
                 "client",
                 "flips",
+                "samples",
                 "p50",
+                "p90",
                 "p99",
                 "max",
                 "flips with no call after",
@@ -556,7 +589,7 @@ fn main() {
                 "failed",
                 "of which in flight",
                 "of which new",
-                "in flight to b1",
+                "in flight to b1 (received by b1)",
                 "trials failed > in flight",
                 "in flight during stop",
                 "trials failed > that",

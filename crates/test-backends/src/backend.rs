@@ -411,6 +411,19 @@ impl Backend {
         self.shared.counters.cancelled.load(Ordering::Relaxed)
     }
 
+    /// From now on, records the [`CALL_ID_HEADER`](crate::CALL_ID_HEADER) (`x-call-id`, a
+    /// decimal `u64`) of every test-service request this backend receives, so that a benchmark
+    /// can tell which calls reached it whatever their outcome. Starts from an empty record.
+    pub fn record_call_ids(&self) {
+        self.shared.counters.record_call_ids();
+    }
+
+    /// The call ids recorded since [`record_call_ids`](Self::record_call_ids) or the last
+    /// call of this (empty if recording is off).
+    pub fn take_call_ids(&self) -> Vec<u64> {
+        self.shared.counters.take_call_ids()
+    }
+
     /// Resets every counter (and the last headers) except `open_connections`, which is a gauge.
     pub fn reset_counters(&self) {
         self.shared.counters.reset();

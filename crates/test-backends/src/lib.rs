@@ -68,6 +68,7 @@ pub use freeze::FreezeProxy;
 pub use html::{HTML_PAGE, HtmlServer};
 pub use mute::MuteServer;
 pub use ping_guard::{PingGuard, PingPolicy};
+pub use service::CALL_ID_HEADER;
 pub use syn_drop::SynDrop;
 #[doc(no_inline)]
 pub use tonic_health::ServingStatus;

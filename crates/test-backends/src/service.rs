@@ -105,10 +105,16 @@ pub(crate) struct Counters {
     last_headers: Mutex<Option<http::HeaderMap>>,
     /// The headers of the last [`HEADERS_KEPT`] test-service requests, oldest first.
     recent_headers: Mutex<std::collections::VecDeque<http::HeaderMap>>,
+    /// The `x-call-id` values of the requests received, while recording them is on.
+    call_ids: Mutex<Option<Vec<u64>>>,
 }
 
 /// How many requests' headers a backend keeps (the oldest go first).
 const HEADERS_KEPT: usize = 32;
+
+/// The request header whose value (a decimal `u64`) a backend records while
+/// [`Backend::record_call_ids`](crate::Backend::record_call_ids) is on.
+pub const CALL_ID_HEADER: &str = "x-call-id";
 
 impl Counters {
     /// Called by the server's recording layer for every request, of any service.
@@ -132,7 +138,29 @@ impl Counters {
                 recent.pop_front();
             }
             recent.push_back(req.headers().clone());
+            drop(recent);
+            if let Some(id) = req
+                .headers()
+                .get(CALL_ID_HEADER)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                && let Some(ids) = lock(&self.call_ids).as_mut()
+            {
+                ids.push(id);
+            }
         }
+    }
+
+    /// Starts recording the `x-call-id` of every test-service request (from empty).
+    pub(crate) fn record_call_ids(&self) {
+        *lock(&self.call_ids) = Some(Vec::new());
+    }
+
+    /// The call ids recorded so far (recording goes on, from empty).
+    pub(crate) fn take_call_ids(&self) -> Vec<u64> {
+        lock(&self.call_ids)
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub(crate) fn hits_for(&self, path: &str) -> u64 {

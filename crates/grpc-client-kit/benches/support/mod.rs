@@ -1,11 +1,14 @@
 //! What the end-to-end and reaction benchmarks share: settings from arguments and the
-//! environment, the runtimes, the baseline clients, a closed-loop unary load generator with an
-//! HDR histogram, CPU accounting per runtime, and table formatting.
+//! environment, the runtimes, test backends in a child process, the baseline clients, a
+//! closed-loop unary load generator with an HDR histogram, CPU accounting (per runtime or per
+//! process), and table formatting.
 //!
 //! Not every bench binary uses every item.
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::io::{BufRead, BufReader, Lines, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -89,6 +92,177 @@ pub(crate) fn runtime(name: &str, workers: usize) -> tokio::runtime::Runtime {
 pub(crate) const CLIENT_THREADS: &str = "gck-client";
 /// Thread-name prefix of the backends' runtime.
 pub(crate) const SERVER_THREADS: &str = "gck-server";
+
+// ----- backends in a child process -----
+
+/// Set (to how many backends to serve) in the environment of a bench binary re-executed as a
+/// backends process; see [`serve_backends_if_child`].
+pub(crate) const BACKENDS_CHILD_ENV: &str = "GCK_BENCH_BACKENDS_CHILD";
+/// The backends process's runtime's worker threads.
+pub(crate) const BACKENDS_CHILD_WORKERS_ENV: &str = "GCK_BENCH_BACKENDS_CHILD_WORKERS";
+
+/// If this process is a backends process (started by [`BackendsProcess::start`]), serves and
+/// returns `true` once its stdin is closed; otherwise returns `false` at once.
+///
+/// The child starts its test backends on a runtime of its own (threads named
+/// [`SERVER_THREADS`]), prints their URIs on one line of stdout, then answers one line per
+/// command read from stdin:
+///
+/// * `hits` — every backend's test-service calls so far, space-separated;
+/// * `cancelled` — every backend's cancelled unary calls so far, space-separated;
+/// * `delay I MS` — backend `I` delays every call by `MS` ms from now on; answers `ok`.
+///
+/// On EOF (the parent is done, or died) it stops its backends and returns.
+pub(crate) fn serve_backends_if_child() -> bool {
+    let Ok(n) = std::env::var(BACKENDS_CHILD_ENV) else {
+        return false;
+    };
+    let n: usize = n.parse().expect("backends child: count");
+    let workers: usize = std::env::var(BACKENDS_CHILD_WORKERS_ENV)
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2);
+    let rt = runtime(SERVER_THREADS, workers);
+    let backends = rt
+        .block_on(test_backends::Backends::start(n))
+        .expect("backends");
+    let mut out = std::io::stdout().lock();
+    let mut answer = |line: String| {
+        writeln!(out, "{line}").expect("backends child: stdout");
+        out.flush().expect("backends child: stdout");
+    };
+    answer(backends.uris().join(" "));
+    let join = |v: Vec<u64>| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["hits"] => answer(join(backends.iter().map(|b| b.hits()).collect())),
+            ["cancelled"] => answer(join(backends.iter().map(|b| b.cancelled()).collect())),
+            ["delay", i, ms] => {
+                let i: usize = i.parse().expect("delay: backend index");
+                let ms: u64 = ms.parse().expect("delay: milliseconds");
+                backends[i].set_delay(Duration::from_millis(ms));
+                answer("ok".into());
+            }
+            _ => panic!("backends child: unknown command {line:?}"),
+        }
+    }
+    rt.block_on(async {
+        for b in backends.iter() {
+            b.stop().await;
+        }
+    });
+    true
+}
+
+/// Test backends served by a child process: this bench binary again, with
+/// [`BACKENDS_CHILD_ENV`] set (see [`serve_backends_if_child`]). Dropping it closes the
+/// child's stdin, gives it a second to stop, then kills it, and reaps it: on every exit path,
+/// a panic's unwinding included. Should this process die outright, the child sees EOF and
+/// exits.
+pub(crate) struct BackendsProcess {
+    child: Child,
+    to_child: Option<ChildStdin>,
+    from_child: Lines<BufReader<ChildStdout>>,
+    uris: Vec<String>,
+}
+
+impl BackendsProcess {
+    /// Starts `n` backends in a child process whose runtime has `workers` worker threads, and
+    /// waits for their URIs.
+    pub(crate) fn start(n: usize, workers: usize) -> Self {
+        let exe = std::env::current_exe().expect("current exe");
+        let mut child = Command::new(exe)
+            .env(BACKENDS_CHILD_ENV, n.to_string())
+            .env(BACKENDS_CHILD_WORKERS_ENV, workers.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the backends process");
+        let to_child = child.stdin.take();
+        let from_child = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        // From here on, a panic drops `this`, which reaps the child.
+        let mut this = Self {
+            child,
+            to_child,
+            from_child,
+            uris: Vec::new(),
+        };
+        this.uris = this
+            .read_line()
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        assert_eq!(this.uris.len(), n, "backends process: URIs");
+        this
+    }
+
+    fn read_line(&mut self) -> String {
+        self.from_child
+            .next()
+            .expect("the backends process exited")
+            .expect("backends process: stdout")
+    }
+
+    /// Sends `command`, returns the answer line.
+    fn ask(&mut self, command: &str) -> String {
+        let to_child = self.to_child.as_mut().expect("stdin open");
+        writeln!(to_child, "{command}").expect("backends process: stdin");
+        to_child.flush().expect("backends process: stdin");
+        self.read_line()
+    }
+
+    fn ask_counts(&mut self, command: &str) -> Vec<u64> {
+        self.ask(command)
+            .split_whitespace()
+            .map(|c| c.parse().expect("backends process: a count"))
+            .collect()
+    }
+
+    /// The backends' URIs, in order.
+    pub(crate) fn uris(&self) -> Vec<String> {
+        self.uris.clone()
+    }
+
+    /// The child's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Every backend's test-service calls so far.
+    pub(crate) fn hits(&mut self) -> Vec<u64> {
+        self.ask_counts("hits")
+    }
+
+    /// Every backend's cancelled unary calls so far.
+    pub(crate) fn cancelled(&mut self) -> Vec<u64> {
+        self.ask_counts("cancelled")
+    }
+
+    /// Backend `i` delays every call by `delay` (whole milliseconds) from now on.
+    pub(crate) fn set_delay(&mut self, i: usize, delay: Duration) {
+        let answer = self.ask(&format!("delay {i} {}", delay.as_millis()));
+        assert_eq!(answer, "ok", "backends process: delay");
+    }
+}
+
+impl Drop for BackendsProcess {
+    fn drop(&mut self) {
+        // EOF: the child stops its backends and exits.
+        drop(self.to_child.take());
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 // ----- clients -----
 
@@ -317,25 +491,50 @@ pub(crate) fn thread_cpu(prefix: &str) -> Duration {
     Duration::from_millis(ticks * 1000 / ticks_per_sec)
 }
 
-/// CPU used by the client and server runtimes since [`CpuMark::now`].
+/// CPU time (user + system, every thread, those gone included) used so far by the process
+/// `pid` (`None`: this one), from `/proc/<pid>/stat` (clock-tick resolution, 10 ms); zero if
+/// it cannot be read.
+pub(crate) fn process_cpu(pid: Option<u32>) -> Duration {
+    let ticks_per_sec = 100u64; // USER_HZ on Linux
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return Duration::ZERO;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    // After the comm: utime and stime (fields 14 and 15 of the line) are 11 and 12.
+    let utime: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0);
+    let stime: u64 = fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+    Duration::from_millis((utime + stime) * 1000 / ticks_per_sec)
+}
+
+/// CPU used by this (the client's) process and by the backends' process since
+/// [`CpuMark::now`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CpuMark {
     client: Duration,
     server: Duration,
+    server_pid: u32,
 }
 
 impl CpuMark {
-    /// The counters now.
-    pub(crate) fn now() -> Self {
+    /// The counters now; the backends run in the process `server_pid`.
+    pub(crate) fn now(server_pid: u32) -> Self {
         Self {
-            client: thread_cpu(CLIENT_THREADS),
-            server: thread_cpu(SERVER_THREADS),
+            client: process_cpu(None),
+            server: process_cpu(Some(server_pid)),
+            server_pid,
         }
     }
 
     /// (client, server) CPU used since `self`.
     pub(crate) fn since(self) -> (Duration, Duration) {
-        let now = Self::now();
+        let now = Self::now(self.server_pid);
         (
             now.client.saturating_sub(self.client),
             now.server.saturating_sub(self.server),
