@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use endpoint_state::time::{FAR, Secs};
+use endpoint_state::time::FAR;
 use http::header::{CONTENT_TYPE, TE};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full};
@@ -23,10 +23,8 @@ use tonic::{Code, Status};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tower::ServiceExt;
 
-use super::error::{ConnectionEnd, ProbeError, ProbeFailure};
-use super::grpc::{
-    ServingStatus, local_timeout_is_deadline, serving_status, transport_is_unavailable,
-};
+use super::error::ProbeError;
+use super::grpc::{ServingStatus, check_outcome};
 
 /// `grpc.health.v1.Health/Check`.
 const PATH: &str = "/grpc.health.v1.Health/Check";
@@ -54,27 +52,7 @@ impl CheckCall {
         timeout: Duration,
     ) -> Result<ServingStatus, ProbeError> {
         let answer = tokio::time::timeout(timeout, self.exchange(channel, timeout)).await;
-        let rpc_error = |status: Status| {
-            ProbeError::new(
-                target.clone(),
-                ProbeFailure::Rpc {
-                    service: self.service.clone(),
-                    status,
-                },
-            )
-        };
-        match answer {
-            Ok(Ok(status)) => Ok(serving_status(status)),
-            Ok(Err(status)) => {
-                let status = local_timeout_is_deadline(status, timeout);
-                let ended = ConnectionEnd::of(&status);
-                Err(rpc_error(transport_is_unavailable(status)).with_end(ended))
-            }
-            Err(_) => Err(rpc_error(Status::deadline_exceeded(format!(
-                "no answer within {}",
-                Secs(timeout)
-            )))),
-        }
+        check_outcome(answer, target.clone(), self.service.clone(), timeout)
     }
 
     /// The call, as tonic's unary client makes it: the answer's raw serving status.

@@ -91,17 +91,27 @@ pub async fn check_with(
     // hours: one beyond any timer is no deadline in practice.
     request.set_timeout(timeout.min(FAR));
     let answer = tokio::time::timeout(timeout, client.check(request)).await;
-    let rpc_error = |status: Status| {
-        ProbeError::new(
-            target,
-            ProbeFailure::Rpc {
-                service: service.clone(),
-                status,
-            },
-        )
-    };
+    check_outcome(
+        answer.map(|a| a.map(|response| response.get_ref().status)),
+        target,
+        service,
+        timeout,
+    )
+}
+
+/// What a `Check` about `service` on `target` within `timeout` came to: its answer's raw serving
+/// status, a status, or no answer in time (`Err(Elapsed)`). Errors name the target and the
+/// service; a status made locally from a timeout is `DEADLINE_EXCEEDED`, a broken connection
+/// `UNAVAILABLE` (and says how the connection ended).
+pub(crate) fn check_outcome(
+    answer: Result<Result<i32, Status>, tokio::time::error::Elapsed>,
+    target: impl Into<Arc<str>>,
+    service: Arc<str>,
+    timeout: Duration,
+) -> Result<ServingStatus, ProbeError> {
+    let rpc_error = |status: Status| ProbeError::new(target, ProbeFailure::Rpc { service, status });
     match answer {
-        Ok(Ok(response)) => Ok(serving_status(response.get_ref().status)),
+        Ok(Ok(status)) => Ok(serving_status(status)),
         Ok(Err(status)) => {
             let status = local_timeout_is_deadline(status, timeout);
             let ended = ConnectionEnd::of(&status);
