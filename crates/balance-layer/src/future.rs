@@ -127,6 +127,11 @@ pub(crate) enum Wait {
     /// Targets are connecting (no health verdict yet): for the first verdicts, up to the
     /// deadline and `connecting_wait`; it fails as soon as nothing is connecting any more.
     Connecting,
+    /// `poll_ready` found nothing eligible, but something is by the time of `call` (the first
+    /// verdicts landed in between): it picks again, as `poll_ready` would have, up to the
+    /// deadline (or the default bound of a call without one); it fails as soon as nothing is
+    /// eligible or connecting.
+    Repick,
 }
 
 /// A call made while nothing was eligible, waiting for an endpoint.
@@ -215,18 +220,16 @@ where
         Req: RequestDeadline + RequestHashKey,
     {
         let settings = &shared.settings;
+        let snapshot = shared.snapshot.load();
         if waits_for_ready(&req, settings.wait_for_ready) {
             Self::waiting(shared.clone(), owner.clone(), req, Wait::ForReady)
-        } else if !settings.connecting_wait.is_zero() && shared.snapshot.load().connecting {
+        } else if !snapshot.picks.is_empty() || snapshot.any_admits_now() {
+            // Decided on an older set: something is eligible now.
+            Self::waiting(shared.clone(), owner.clone(), req, Wait::Repick)
+        } else if !settings.connecting_wait.is_zero() && snapshot.connecting {
             Self::waiting(shared.clone(), owner.clone(), req, Wait::Connecting)
         } else {
-            Self::failed(
-                shared
-                    .snapshot
-                    .load()
-                    .no_healthy_targets(None, false)
-                    .into(),
-            )
+            Self::failed(snapshot.no_healthy_targets(None, false).into())
         }
     }
 
@@ -250,7 +253,7 @@ where
         let cap = match wait {
             // Without a cap, a call's own deadline bounds its wait; a call without one
             // waits the default bound, never forever.
-            Wait::ForReady => match (shared.settings.max_wait, budget) {
+            Wait::ForReady | Wait::Repick => match (shared.settings.max_wait, budget) {
                 (None, None) => Some(BalanceConfig::DEFAULT_MAX_WAIT),
                 (cap, _) => cap,
             },
@@ -383,7 +386,7 @@ impl<K, S, Req> Waiter<K, S, Req> {
             match self.picker.poll_pick::<Req>(cx) {
                 Poll::Ready(Ok(Picked::Endpoint)) => return Poll::Ready(Ok(())),
                 Poll::Ready(Ok(Picked::Nothing)) => {
-                    if self.wait == Wait::Connecting {
+                    if self.wait != Wait::ForReady {
                         let snapshot = self.picker.shared.snapshot.load();
                         if snapshot.generation == self.picker.seen && !snapshot.connecting {
                             // Every target has a verdict now, and none admits the call.

@@ -45,7 +45,9 @@
 //! * **Nothing eligible.** While some endpoint is *connecting* (its card has no health
 //!   verdict yet) the call waits for the first verdicts, up to its own deadline
 //!   ([`RequestDeadline`]) and [`BalanceConfig::connecting_wait`] (5 s), as gRPC queues calls
-//!   while a channel connects. Otherwise it fails at once with [`error::NoHealthyTargets`],
+//!   while a channel connects. A call whose `poll_ready` found nothing but whose targets
+//!   became eligible before `call` (the first verdicts landing in between) picks again, as
+//!   `poll_ready` would have. Otherwise it fails at once with [`error::NoHealthyTargets`],
 //!   which lists every target and why it was skipped (from the cards) and which a generated
 //!   tonic client receives as `UNAVAILABLE`. With [`BalanceConfig::wait_for_ready`] the call
 //!   waits instead, up to its own deadline; a request's [`WaitForReady`] extension says the

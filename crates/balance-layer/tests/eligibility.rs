@@ -102,6 +102,31 @@ async fn no_target_discovered_says_so() {
 }
 
 #[tokio::test]
+async fn a_call_decided_on_an_older_set_picks_again_when_targets_became_eligible() {
+    // poll_ready runs while every target is still connecting (health unknown) and finds
+    // nothing; the first verdicts land before `call` (a client's ready-then-call is not
+    // atomic). The call must go to a target that is eligible now, not fail with
+    // "eligible but not ready" (CI saw exactly that, on a kit's first call after build).
+    let eps = carded(3);
+    for e in &eps {
+        e.card().set_health(HealthVerdict::Unknown, None);
+    }
+    let mut balance = Balance::new(list_counted(&eps), BalanceConfig::new()).unwrap();
+    settle(|| balance.eligible_targets().is_empty()).await;
+    balance.ready().await.expect("poll_ready does not fail");
+    for e in &eps {
+        e.card().set_health(HealthVerdict::Healthy, None);
+    }
+    settle(|| balance.eligible_targets().len() == 3).await;
+    let reply = balance
+        .call(Req::default())
+        .await
+        .expect("the call finds an eligible target");
+    assert!(reply.starts_with('b'), "{reply}");
+    assert_eq!(eps.iter().map(Counted::hits).sum::<usize>(), 1);
+}
+
+#[tokio::test]
 async fn a_card_change_is_honoured_before_the_set_is_rebuilt() {
     // current_thread: the background task cannot run while this test does not yield, so the
     // snapshot stays stale; the per-pick check of the card must still keep b1 out.
