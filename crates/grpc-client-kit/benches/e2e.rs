@@ -11,7 +11,9 @@
 //! * `tower p2c` — tower's `p2c::Balance` over three `Channel`s (load: pending requests).
 //!   `p2c::Balance` is not `Clone`, so it sits behind a `tower::buffer::Buffer` (1,024 slots,
 //!   one worker task), the way tower means it to be shared;
-//! * `single Channel` — one bare `Channel` to one backend, for scale (no balancing at all).
+//! * `single Channel` — one bare `Channel` to one backend, for scale (no balancing at all);
+//! * `single hyper h2` — one HTTP/2 connection made with hyper alone, its `SendRequest` called
+//!   directly (no `Buffer`, no reconnection): the floor under every contender.
 //!
 //! * `kit + retryPolicy` — the kit with a service config whose `retryPolicy` (gRFC A6) covers
 //!   the method: the cost of an enabled retry policy on the success path (issue 16).
@@ -145,6 +147,10 @@ fn main() {
         all.push((
             "single Channel, 1 backend",
             runner(single_channel(&uris[0])),
+        ));
+        all.push((
+            "single hyper h2, 1 backend",
+            runner(client_rt.block_on(support::single_hyper(&uris[0]))),
         ));
         all.into_iter()
             .filter(|(name, _)| only.as_deref().is_none_or(|o| name.contains(o)))

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::pin::Pin;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -318,6 +319,46 @@ pub(crate) async fn kit_bare_and_list(uris: &[String]) -> (grpc_client_kit::Kit,
     let bare = endpoint(&uris[0]).connect().await.expect("bare channel");
     let list = Channel::balance_list(uris.iter().map(|u| endpoint(u)));
     (kit, bare, list)
+}
+
+/// One HTTP/2 connection to `uri` made with hyper alone, its `SendRequest` called directly
+/// (no `Buffer`, no worker task, no reconnection): the floor under every contender, for scale.
+pub(crate) async fn single_hyper(uri: &str) -> TestServiceClient<DirectH2> {
+    let parsed: http::Uri = uri.parse().expect("a backend URI");
+    let authority = parsed.authority().expect("host:port").clone();
+    let stream = tokio::net::TcpStream::connect(authority.as_str())
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (send, conn) = hyper::client::conn::http2::Builder::new(
+        hyper_util::rt::TokioExecutor::new(),
+    )
+    .timer(hyper_util::rt::TokioTimer::new())
+    .handshake(hyper_util::rt::TokioIo::new(stream))
+    .await
+    .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    TestServiceClient::with_origin(DirectH2 { send }, parsed)
+}
+
+/// hyper's HTTP/2 `SendRequest` as a tower service (see [`single_hyper`]).
+#[derive(Clone)]
+pub(crate) struct DirectH2 {
+    send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for DirectH2 {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, hyper::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), hyper::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.send.send_request(req))
+    }
 }
 
 /// One bare `Channel` to `uri`, connected lazily.
