@@ -52,7 +52,7 @@
 //! timeout; after n failures in a row the next check waits `interval × 2^(n−1)`, at most
 //! 300 s (a [`Backoff`] too); one success resets. With [`jitter`](HealthConfig::jitter), each
 //! wait is drawn from its band and then put on a checker-wide grid of instants within that band
-//! (a step of at most 16 ms), so that checks drawn close together share one wake-up; without
+//! (a step of at most 100 ms), so that checks drawn close together share one wake-up; without
 //! jitter, instants are exact. Interval 0 means one check when a target is
 //! added, then on-demand checks only. At most
 //! [`max_concurrent_probes`](HealthConfig::max_concurrent_probes) probes run at once.

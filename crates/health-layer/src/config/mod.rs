@@ -262,10 +262,10 @@ impl HealthConfig {
     /// together do not stay in step. The result never exceeds `max_backoff`.
     ///
     /// A jittered check is then moved to the nearest instant of a checker-wide grid that lies
-    /// within its band (a step of at most 16 ms, and at least 8 steps across the band; a
-    /// narrower band is not moved): checks drawn within a few milliseconds of each other share
-    /// one timer wake-up instead of waking the runtime once each (at a thousand targets checked
-    /// every second, about 30 % less CPU). Every wait stays within `interval × (1 ± jitter)`.
+    /// within its band (a step of at most 100 ms, and at least 2 steps across the band; a
+    /// narrower band is not moved): checks drawn close together share one timer wake-up
+    /// instead of waking the runtime once each (at a thousand targets checked every second,
+    /// less than half the CPU). Every wait stays within `interval × (1 ± jitter)`.
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self
