@@ -7,8 +7,8 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::pin::Pin;
 use std::io::{BufRead, BufReader, Lines, Write};
+use std::pin::Pin;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -330,13 +330,12 @@ pub(crate) async fn single_hyper(uri: &str) -> TestServiceClient<DirectH2> {
         .await
         .expect("connect");
     stream.set_nodelay(true).expect("nodelay");
-    let (send, conn) = hyper::client::conn::http2::Builder::new(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .timer(hyper_util::rt::TokioTimer::new())
-    .handshake(hyper_util::rt::TokioIo::new(stream))
-    .await
-    .expect("HTTP/2 handshake");
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
     tokio::spawn(conn);
     TestServiceClient::with_origin(DirectH2 { send }, parsed)
 }
@@ -352,7 +351,10 @@ impl tower::Service<http::Request<tonic::body::Body>> for DirectH2 {
     type Error = hyper::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, hyper::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), hyper::Error>> {
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), hyper::Error>> {
         self.send.poll_ready(cx)
     }
 
