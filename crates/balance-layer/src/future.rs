@@ -53,8 +53,11 @@ pin_project! {
         Waiting {
             waiter: Box<Waiter<K, S, Req>>,
         },
+        // Boxed (and only made when the chosen endpoint is not ready at once): the request and
+        // a reserved service inline would make every call's future, whatever its strategy,
+        // hundreds of bytes larger, moved with every call.
         Hashed {
-            dispatch: Dispatch<K, S, Req>,
+            dispatch: Box<Dispatch<K, S, Req>>,
             owner: Arc<Owner<K, S>>,
         },
         Failed {
@@ -192,21 +195,37 @@ where
         }
     }
 
-    /// A ring-hash call: the endpoint for `hash` is chosen, polled ready and called by the
-    /// future.
+    /// A ring-hash call: the endpoint for `hash` is chosen and, when it is ready at once (the
+    /// common case), called now; otherwise the future waits for it (and allocates for that).
     pub(crate) fn hashed(
         shared: Arc<Shared<K, S>>,
         owner: Arc<Owner<K, S>>,
         hash: u64,
         avoid: Vec<Arc<str>>,
         req: Req,
-    ) -> Self {
-        ResponseFuture {
-            state: State::Hashed {
-                dispatch: Dispatch::new(shared, hash, avoid, req),
+    ) -> Self
+    where
+        S: Clone,
+        Req: RequestDeadline + RequestHashKey,
+    {
+        let mut dispatch = Dispatch::new(shared, hash, avoid, req);
+        // A no-op waker: a dispatch that has to wait is polled again, with the caller's
+        // waker, by this future (every poll registers the waker it is given).
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let state = match dispatch.poll(&mut cx) {
+            Poll::Ready(Dispatched::Called { future, endpoint }) => State::Called {
+                load: Load::start(&dispatch.shared, endpoint),
+                future,
+            },
+            Poll::Ready(Dispatched::Nothing(req)) => {
+                Self::nothing_eligible(&dispatch.shared, &owner, req).state
+            }
+            Poll::Pending => State::Hashed {
+                dispatch: Box::new(dispatch),
                 owner,
             },
-        }
+        };
+        ResponseFuture { state }
     }
 
     /// A call that found nothing eligible: it waits (with wait-for-ready, or while targets are
@@ -345,7 +364,12 @@ where
                             let shared = waiter.picker.shared.clone();
                             let avoid = waiter.picker.avoided().to_vec();
                             let next = State::Hashed {
-                                dispatch: Dispatch::new(shared, waiter.hash, avoid, req),
+                                dispatch: Box::new(Dispatch::new(
+                                    shared,
+                                    waiter.hash,
+                                    avoid,
+                                    req,
+                                )),
                                 owner: waiter.owner.clone(),
                             };
                             this.state.set(next);
