@@ -265,7 +265,8 @@ impl HealthConfig {
     /// within its band (a step of at most 100 ms, and at least 2 steps across the band; a
     /// narrower band is not moved): checks drawn close together share one timer wake-up
     /// instead of waking the runtime once each (at a thousand targets checked every second,
-    /// less than half the CPU). Every wait stays within `interval × (1 ± jitter)`.
+    /// the largest saving measured: see the workspace's `BENCHMARKS.md`). Every wait stays
+    /// within `interval × (1 ± jitter)`.
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self
