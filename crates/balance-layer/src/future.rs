@@ -364,12 +364,7 @@ where
                             let shared = waiter.picker.shared.clone();
                             let avoid = waiter.picker.avoided().to_vec();
                             let next = State::Hashed {
-                                dispatch: Box::new(Dispatch::new(
-                                    shared,
-                                    waiter.hash,
-                                    avoid,
-                                    req,
-                                )),
+                                dispatch: Box::new(Dispatch::new(shared, waiter.hash, avoid, req)),
                                 owner: waiter.owner.clone(),
                             };
                             this.state.set(next);
