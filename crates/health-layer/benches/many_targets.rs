@@ -10,12 +10,17 @@
 //! checker and after it is warm. The load average is printed too: other work on the machine
 //! slows everything down, but CPU time per check is this process's own.
 //!
+//! `HL_MODES=h2floor` adds a run without any checker, for scale: the same `Check`s, each target
+//! a task of its own on an HTTP/2 connection of the `h2` crate (no hyper, no tonic), sending a
+//! request's `HEADERS` and `DATA` together — what a probe client below hyper could reach.
+//!
 //! The output ends with one line per mode, `watch: ...` then `checker: ...`:
 //!
 //! ```text
 //! cargo bench -p health-layer --bench many_targets
 //! HL_TARGETS=2000 HL_WINDOW_SECS=30 cargo bench -p health-layer --bench many_targets
 //! HL_MODES=check cargo bench -p health-layer --bench many_targets
+//! HL_MODES=h2floor,check cargo bench -p health-layer --bench many_targets
 //! ```
 //!
 //! `HL_WATCH_INTERVAL_SECS` (default 30, the checker's default interval) is how often a quiet
@@ -100,6 +105,10 @@ fn servers() {
 enum Mode {
     Check,
     Watch,
+    /// No checker, for scale: the same `Check`s a second, each target a task of its own on an
+    /// HTTP/2 connection of the `h2` crate (no hyper, no tonic), its request's `HEADERS` and
+    /// `DATA` handed to the connection together, on the same 100 ms grid as the checker.
+    H2Floor,
 }
 
 impl Mode {
@@ -107,6 +116,7 @@ impl Mode {
         match s.trim() {
             "check" | "checker" => Some(Mode::Check),
             "watch" => Some(Mode::Watch),
+            "h2floor" => Some(Mode::H2Floor),
             _ => None,
         }
     }
@@ -115,6 +125,7 @@ impl Mode {
         match self {
             Mode::Check => "check",
             Mode::Watch => "watch",
+            Mode::H2Floor => "h2floor",
         }
     }
 
@@ -123,6 +134,7 @@ impl Mode {
         match self {
             Mode::Check => "checker",
             Mode::Watch => "watch",
+            Mode::H2Floor => "h2floor",
         }
     }
 }
@@ -141,13 +153,13 @@ fn blocking<T>(workers: usize, f: impl FnOnce() -> T) -> T {
 fn measure(mode: Mode) {
     let targets = env_or("HL_TARGETS", 1_000) as usize;
     let interval = match mode {
-        Mode::Check => Duration::from_secs(1),
+        Mode::Check | Mode::H2Floor => Duration::from_secs(1),
         Mode::Watch => Duration::from_secs(env_or("HL_WATCH_INTERVAL_SECS", 30)),
     };
     // Watch: by default a window longer than the interval, so that it holds every target's
     // verifying `Check` of a quiet stream, not just silence.
     let default_window = match mode {
-        Mode::Check => 20,
+        Mode::Check | Mode::H2Floor => 20,
         Mode::Watch => (interval.as_secs() * 4 / 3).max(20),
     };
     let window = Duration::from_secs(env_or("HL_WINDOW_SECS", default_window));
@@ -192,9 +204,31 @@ fn measure(mode: Mode) {
         // Let the runtime's own allocations settle before the baseline.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let rss_before = rss_kib();
+        if mode == Mode::H2Floor {
+            let tasks: Vec<_> = (0..targets)
+                .map(|i| tokio::spawn(h2_target(uris[i % uris.len()].clone())))
+                .collect();
+            tokio::time::sleep(Duration::from_secs(5)).await; // every connection made
+            let rss_after = rss_kib();
+            let calls_before = blocking(workers, &mut count);
+            let load_before = loadavg();
+            let cpu_before = cpu_time();
+            let t0 = Instant::now();
+            tokio::time::sleep(window).await;
+            let cpu = cpu_time() - cpu_before;
+            let wall = t0.elapsed();
+            let load = format!("before: {load_before}; after: {}", loadavg());
+            let calls = blocking(workers, &mut count) - calls_before;
+            for task in tasks {
+                assert!(!task.is_finished(), "an h2 target stopped");
+                task.abort();
+            }
+            return (rss_before, rss_after, cpu, wall, calls, load);
+        }
         let probe_mode = match mode {
             Mode::Check => ProbeMode::Check,
             Mode::Watch => ProbeMode::Watch,
+            Mode::H2Floor => unreachable!("measured above"),
         };
         let checker = HealthChecker::builder()
             .mode(probe_mode)
@@ -251,6 +285,10 @@ fn measure(mode: Mode) {
             "{targets} targets, Check every 1 s (jitter 0.1), {BACKENDS} backends in another process, {}",
             runtime_name(workers)
         ),
+        Mode::H2Floor => println!(
+            "{targets} targets, no checker: a Check every 1 s on each of {targets} connections of the h2 crate (HEADERS and DATA together), on a 100 ms grid, {BACKENDS} backends in another process, {}",
+            runtime_name(workers)
+        ),
         Mode::Watch => println!(
             "{targets} targets, Watch, idle (a quiet stream verified with a Check every {} s), {BACKENDS} backends in another process, {}",
             interval.as_secs(),
@@ -275,6 +313,62 @@ fn measure(mode: Mode) {
         share * 100.0,
         per_target
     );
+}
+
+/// One target of the `h2floor` mode: a connection of the `h2` crate, then a `Check` every
+/// second (starting at a random one of ten instants of a second: the checker's grid), its
+/// `HEADERS` and its one `DATA` frame handed over together, the answer read whole.
+async fn h2_target(uri: String) {
+    use prost::Message;
+
+    let parsed: http::Uri = uri.parse().unwrap();
+    let stream = tokio::net::TcpStream::connect(parsed.authority().unwrap().as_str())
+        .await
+        .unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (send, connection) = h2::client::handshake(stream).await.unwrap();
+    tokio::spawn(connection);
+    let message = tonic_health::pb::HealthCheckRequest::default().encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let body = tonic::codegen::Bytes::from(framed);
+    let path: http::Uri = format!("{uri}/grpc.health.v1.Health/Check")
+        .parse()
+        .unwrap();
+    let slot = Duration::from_millis(100 * (rand_unit() * 10.0) as u64);
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + slot, Duration::from_secs(1));
+    let mut send = send.ready().await.unwrap();
+    loop {
+        tick.tick().await;
+        let request = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(path.clone())
+            .header(http::header::TE, "trailers")
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header("grpc-timeout", "5000m")
+            .body(())
+            .unwrap();
+        let (response, mut stream) = send.send_request(request, false).unwrap();
+        stream.send_data(body.clone(), true).unwrap();
+        let mut answer = response.await.unwrap().into_body();
+        while let Some(chunk) = answer.data().await {
+            let chunk = chunk.unwrap();
+            let _ = answer.flow_control().release_capacity(chunk.len());
+        }
+        let trailers = answer.trailers().await.unwrap().expect("trailers");
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+        send = send.ready().await.unwrap();
+    }
+}
+
+/// A number in [0, 1), different for every call.
+fn rand_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn runtime_name(workers: usize) -> String {
