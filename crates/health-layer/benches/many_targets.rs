@@ -139,6 +139,21 @@ impl Mode {
     }
 }
 
+/// What a mode measures: the checker, or the `h2floor` mode's tasks.
+enum Running {
+    Checker(HealthChecker),
+    H2(Vec<tokio::task::JoinHandle<()>>),
+}
+
+/// How many of the checker's targets are healthy.
+fn healthy(checker: &HealthChecker) -> usize {
+    checker
+        .statuses()
+        .iter()
+        .filter(|s| s.verdict == health_layer::HealthVerdict::Healthy)
+        .count()
+}
+
 /// Runs `f`, which blocks, on a runtime of `workers` threads (0: the current thread).
 fn blocking<T>(workers: usize, f: impl FnOnce() -> T) -> T {
     if workers == 0 {
@@ -204,57 +219,43 @@ fn measure(mode: Mode) {
         // Let the runtime's own allocations settle before the baseline.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let rss_before = rss_kib();
-        if mode == Mode::H2Floor {
-            let tasks: Vec<_> = (0..targets)
-                .map(|i| tokio::spawn(h2_target(uris[i % uris.len()].clone())))
-                .collect();
-            tokio::time::sleep(Duration::from_secs(5)).await; // every connection made
-            let rss_after = rss_kib();
-            let calls_before = blocking(workers, &mut count);
-            let load_before = loadavg();
-            let cpu_before = cpu_time();
-            let t0 = Instant::now();
-            tokio::time::sleep(window).await;
-            let cpu = cpu_time() - cpu_before;
-            let wall = t0.elapsed();
-            let load = format!("before: {load_before}; after: {}", loadavg());
-            let calls = blocking(workers, &mut count) - calls_before;
-            for task in tasks {
-                assert!(!task.is_finished(), "an h2 target stopped");
-                task.abort();
+        let running = match mode {
+            Mode::H2Floor => {
+                let tasks: Vec<_> = (0..targets)
+                    .map(|i| tokio::spawn(h2_target(uris[i % uris.len()].clone())))
+                    .collect();
+                tokio::time::sleep(Duration::from_secs(5)).await; // every connection made
+                Running::H2(tasks)
             }
-            return (rss_before, rss_after, cpu, wall, calls, load);
-        }
-        let probe_mode = match mode {
-            Mode::Check => ProbeMode::Check,
-            Mode::Watch => ProbeMode::Watch,
-            Mode::H2Floor => unreachable!("measured above"),
+            Mode::Check | Mode::Watch => {
+                let probe_mode = if mode == Mode::Check {
+                    ProbeMode::Check
+                } else {
+                    ProbeMode::Watch
+                };
+                let checker = HealthChecker::builder()
+                    .mode(probe_mode)
+                    .interval(interval)
+                    .jitter(0.1)
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .unwrap();
+                let list: Vec<Target> = (0..targets)
+                    .map(|i| {
+                        Target::new(format!("t{i}"))
+                            .endpoint(Endpoint::from_shared(uris[i % uris.len()].clone()).unwrap())
+                    })
+                    .collect();
+                checker.start(list).unwrap();
+                assert!(
+                    checker.wait_until_ready(Duration::from_secs(60)).await,
+                    "all verdicts in"
+                );
+                tokio::time::sleep(Duration::from_secs(5)).await; // warm-up: every channel connected
+                assert_eq!(healthy(&checker), targets);
+                Running::Checker(checker)
+            }
         };
-        let checker = HealthChecker::builder()
-            .mode(probe_mode)
-            .interval(interval)
-            .jitter(0.1)
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
-        let list: Vec<Target> = (0..targets)
-            .map(|i| {
-                Target::new(format!("t{i}"))
-                    .endpoint(Endpoint::from_shared(uris[i % uris.len()].clone()).unwrap())
-            })
-            .collect();
-        checker.start(list).unwrap();
-        assert!(
-            checker.wait_until_ready(Duration::from_secs(60)).await,
-            "all verdicts in"
-        );
-        tokio::time::sleep(Duration::from_secs(5)).await; // warm-up: every channel connected
-        let healthy = checker
-            .statuses()
-            .iter()
-            .filter(|s| s.verdict == health_layer::HealthVerdict::Healthy)
-            .count();
-        assert_eq!(healthy, targets);
 
         let rss_after = rss_kib();
         let calls_before = blocking(workers, &mut count);
@@ -266,13 +267,18 @@ fn measure(mode: Mode) {
         let wall = t0.elapsed();
         let load = format!("before: {load_before}; after: {}", loadavg());
         let calls = blocking(workers, &mut count) - calls_before;
-        let healthy = checker
-            .statuses()
-            .iter()
-            .filter(|s| s.verdict == health_layer::HealthVerdict::Healthy)
-            .count();
-        assert_eq!(healthy, targets, "every target stayed healthy");
-        checker.stop().await;
+        match running {
+            Running::H2(tasks) => {
+                for task in tasks {
+                    assert!(!task.is_finished(), "an h2 target stopped");
+                    task.abort();
+                }
+            }
+            Running::Checker(checker) => {
+                assert_eq!(healthy(&checker), targets, "every target stayed healthy");
+                checker.stop().await;
+            }
+        }
         (rss_before, rss_after, cpu, wall, calls, load)
     });
     let _ = child.kill();
