@@ -70,6 +70,7 @@ pub mod text;
 pub mod time;
 #[cfg(feature = "transport")]
 pub mod transport;
+pub mod writes;
 
 #[doc(inline)]
 pub use backoff::Backoff;

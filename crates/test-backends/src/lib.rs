@@ -60,6 +60,7 @@ mod ping_guard;
 mod service;
 mod syn_drop;
 pub mod synthetic;
+pub mod wire;
 
 pub use backend::{Backend, Backends, Mode, ServerOptions};
 pub use black_hole::BlackHole;
