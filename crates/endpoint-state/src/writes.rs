@@ -7,8 +7,8 @@
 //! one would carry both frames.
 //!
 //! [`Coalescer`] lets the IO under hyper put such a write off once. The IO asks
-//! [`hold`](Coalescer::hold) before each write; when the bytes end with a request's `HEADERS`
-//! that leave the stream open (no `END_STREAM`), the IO wakes its task and returns
+//! [`poll_hold`](Coalescer::poll_hold) before each write; when the bytes end with a request's
+//! `HEADERS` that leave the stream open (no `END_STREAM`), it wakes the task and the IO returns
 //! `Poll::Pending` instead of writing. The body's task, which h2 woke when it opened the
 //! stream, runs before the connection task is polled again and queues its `DATA`; the next
 //! write carries both frames. A body that is not ready yet (a client stream waiting for its
@@ -36,6 +36,7 @@
 //! ```
 
 use std::io::IoSlice;
+use std::task::{Context, Poll};
 
 /// The client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n` (RFC 9113 §3.4).
 const PREFACE_LEN: u32 = 24;
@@ -138,6 +139,16 @@ impl Coalescer {
         }
         self.held = after.after_open_headers();
         self.held
+    }
+
+    /// [`hold`](Self::hold) for an IO's `poll_write`: `Pending` (the task woken, to write next
+    /// time it is polled) when the write is put off, `Ready` when it is to be written now.
+    pub fn poll_hold(&mut self, cx: &Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<()> {
+        if self.hold(bufs) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(())
     }
 
     /// The first `written` bytes of `bufs` were written.

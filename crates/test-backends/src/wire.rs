@@ -101,6 +101,45 @@ impl Writes {
         }
         frames
     }
+
+    /// The requests written so far, each as its `HEADERS` frame and its first `DATA` frame
+    /// (`None` if none was written).
+    pub fn requests(&self) -> Vec<(Frame, Option<Frame>)> {
+        let frames = self.frames();
+        frames
+            .iter()
+            .filter(|f| f.kind == FRAME_HEADERS && f.stream != 0)
+            .map(|headers| {
+                let data = frames
+                    .iter()
+                    .find(|f| f.kind == FRAME_DATA && f.stream == headers.stream)
+                    .copied();
+                (*headers, data)
+            })
+            .collect()
+    }
+
+    /// Panics unless exactly `n` requests were written, each with its first `DATA` in the same
+    /// write as its `HEADERS`.
+    pub fn assert_requests_whole(&self, n: usize) {
+        let requests = self.requests();
+        assert_eq!(requests.len(), n, "requests written: {requests:?}");
+        for (headers, data) in requests {
+            assert_eq!(
+                headers.flags & END_STREAM,
+                0,
+                "a request with a body: {headers:?}"
+            );
+            let data = data.unwrap_or_else(|| panic!("no DATA for {headers:?}"));
+            assert_eq!(
+                data.write,
+                headers.write,
+                "stream {}: HEADERS and DATA in different writes: {:?}",
+                headers.stream,
+                self.frames()
+            );
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Recording<T> {

@@ -509,8 +509,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let bufs = [io::IoSlice::new(buf)];
-        if this.writes.hold(&bufs) {
-            cx.waker().wake_by_ref();
+        if this.writes.poll_hold(cx, &bufs).is_pending() {
             return Poll::Pending;
         }
         let polled = Pin::new(&mut this.io).poll_write(cx, buf);
@@ -526,8 +525,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.writes.hold(bufs) {
-            cx.waker().wake_by_ref();
+        if this.writes.poll_hold(cx, bufs).is_pending() {
             return Poll::Pending;
         }
         let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);

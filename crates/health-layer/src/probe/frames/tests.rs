@@ -207,7 +207,7 @@ async fn a_new_connection_waits_for_its_own_preface() {
 /// its `DATA` together (hyper alone writes them apart: see `endpoint_state::writes`).
 #[tokio::test]
 async fn a_checks_headers_and_data_leave_in_one_write() {
-    use test_backends::wire::{END_STREAM, FRAME_DATA, FRAME_HEADERS, Recording};
+    use test_backends::wire::Recording;
     use tonic::transport::Endpoint;
 
     let backend = test_backends::Backend::start("b0").await.unwrap();
@@ -236,20 +236,5 @@ async fn a_checks_headers_and_data_leave_in_one_write() {
         assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
     }
 
-    let sent = writes.frames();
-    let requests: Vec<_> = sent.iter().filter(|f| f.kind == FRAME_HEADERS).collect();
-    assert_eq!(requests.len(), 3, "{sent:?}");
-    for headers in requests {
-        assert_eq!(headers.flags & END_STREAM, 0, "{headers:?}");
-        let data = sent
-            .iter()
-            .find(|f| f.kind == FRAME_DATA && f.stream == headers.stream)
-            .unwrap_or_else(|| panic!("the DATA of stream {}: {sent:?}", headers.stream));
-        assert_eq!(data.flags & END_STREAM, END_STREAM);
-        assert_eq!(
-            data.write, headers.write,
-            "stream {}: HEADERS and DATA in different writes: {sent:?}",
-            headers.stream
-        );
-    }
+    writes.assert_requests_whole(3);
 }
