@@ -100,7 +100,10 @@ impl EndpointTemplate {
     /// name. The connector is cloned for every channel and every connection attempt, so it
     /// should be cheap to clone (an `Arc` inside). The kit's own detection of connections that
     /// closed before the server spoke (see [`from_fn`](Self::from_fn)) is the connector's to
-    /// give: without it, such a call fails with `UNAVAILABLE` instead of being retried.
+    /// give: without it, such a call fails with `UNAVAILABLE` instead of being retried. So is
+    /// the kit's one write per request on plaintext connections (a request's `HEADERS` and
+    /// first `DATA` together): an IO of yours can do the same with
+    /// [`state::writes::Coalescer`](crate::state::writes::Coalescer).
     ///
     /// ```
     /// use grpc_client_kit::EndpointTemplate;
