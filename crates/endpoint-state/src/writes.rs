@@ -15,8 +15,17 @@
 //! first message) costs that one yield and no more: a write is never put off twice. The bytes,
 //! their order and their frames are unchanged; nothing is buffered here.
 //!
-//! The kit's own connections use it for plaintext HTTP/2 (`http://`); under TLS the IO sees
-//! records, not frames, and writes pass straight through.
+//! What it costs: the yield puts the connection task behind the tasks that are ready to run at
+//! that moment. Usually that is the body's task alone, and one write is saved for the price of
+//! one extra poll. On a connection already saturated by many concurrent callers, the write can
+//! also wait behind their tasks. The grpc-client-kit benchmarks measure the cost: with 64
+//! callers on one connection, the median call is about 15 % slower and throughput 0–8 % lower;
+//! the p99 stays the same or improves. With 8 callers, or spread over 3 connections, calls are faster and use
+//! less CPU.
+//!
+//! [`Coalesced`] is such an IO, around any other. The kit's own connections use it for
+//! plaintext HTTP/2 (`http://`); under TLS the IO sees records, not frames, and writes pass
+//! straight through.
 //!
 //! ```
 //! use std::io::IoSlice;
@@ -36,7 +45,10 @@
 //! ```
 
 use std::io::IoSlice;
+use std::pin::Pin;
 use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n` (RFC 9113 §3.4).
 const PREFACE_LEN: u32 = 24;
@@ -163,6 +175,121 @@ impl Coalescer {
             self.cursor.feed(&buf[..n]);
             left -= n;
         }
+    }
+}
+
+/// An IO whose writes go through a [`Coalescer`]: for a client's plaintext HTTP/2 connection
+/// under hyper (a connector's `TcpStream`, `UnixStream`, or the stream above TLS), each
+/// request's `HEADERS` and first `DATA` leave in one write. Reads pass straight through.
+///
+/// ```
+/// use endpoint_state::writes::Coalesced;
+/// use tokio::io::AsyncWriteExt;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
+/// let (client, _server) = tokio::io::duplex(4096);
+/// // What a connector hands to tonic (in `hyper_util::rt::TokioIo`): a `TcpStream` there.
+/// let mut io = Coalesced::new(client);
+/// io.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?; // bytes pass unchanged
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Coalesced<T> {
+    io: T,
+    writes: Option<Coalescer>,
+}
+
+impl<T> Coalesced<T> {
+    /// `io`, a client connection whose bytes are plaintext HTTP/2 (from its preface on).
+    pub fn new(io: T) -> Self {
+        Coalesced {
+            io,
+            writes: Some(Coalescer::client()),
+        }
+    }
+
+    /// `io` with every write passed straight through (its bytes are not plaintext HTTP/2:
+    /// TLS records, say).
+    pub fn passthrough(io: T) -> Self {
+        Coalesced { io, writes: None }
+    }
+
+    /// The inner IO.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// The inner IO, mutably (bytes written to it directly are not followed: use it before
+    /// the connection's first write, or not at all).
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.io
+    }
+
+    /// Whether this write is put off once (the task is woken to write it next time).
+    fn hold(&mut self, cx: &Context<'_>, bufs: &[IoSlice<'_>]) -> bool {
+        self.writes
+            .as_mut()
+            .is_some_and(|w| w.poll_hold(cx, bufs).is_pending())
+    }
+
+    fn written(&mut self, bufs: &[IoSlice<'_>], polled: &Poll<std::io::Result<usize>>) {
+        if let (Some(writes), Poll::Ready(Ok(n))) = (&mut self.writes, polled) {
+            writes.wrote(bufs, *n);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Coalesced<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let bufs = [IoSlice::new(buf)];
+        if this.hold(cx, &bufs) {
+            return Poll::Pending;
+        }
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.written(&bufs, &polled);
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.hold(cx, bufs) {
+            return Poll::Pending;
+        }
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.written(bufs, &polled);
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -11,9 +11,12 @@
 //! * `tower p2c` — tower's `p2c::Balance` over three `Channel`s (load: pending requests).
 //!   `p2c::Balance` is not `Clone`, so it sits behind a `tower::buffer::Buffer` (1,024 slots,
 //!   one worker task), the way tower means it to be shared;
+//! * `kit, 1 backend` — the kit with one target, beside `single Channel`;
 //! * `single Channel` — one bare `Channel` to one backend, for scale (no balancing at all);
 //! * `single hyper h2` — one HTTP/2 connection made with hyper alone, its `SendRequest` called
-//!   directly (no `Buffer`, no reconnection): the floor under every contender.
+//!   directly (no `Buffer`, no reconnection): the floor under every contender;
+//! * `single hyper h2 one write` — the same, its IO sending each request's `HEADERS` and
+//!   `DATA` in one write as the kit's connections do: the floor under the kit.
 //!
 //! * `kit + retryPolicy` — the kit with a service config whose `retryPolicy` (gRFC A6) covers
 //!   the method: the cost of an enabled retry policy on the success path (issue 16).
@@ -142,6 +145,10 @@ fn main() {
                 all.push((name, client_rt.block_on(kit_runner(&uris, layers))));
             }
         }
+        all.push((
+            "kit, 1 backend",
+            client_rt.block_on(kit_runner(&uris[..1], Layers::All)),
+        ));
         all.push(("tonic balance_list", runner(balance_list(&uris))));
         all.push(("tower p2c + Buffer", runner(tower_p2c(&uris))));
         all.push((
@@ -150,7 +157,11 @@ fn main() {
         ));
         all.push((
             "single hyper h2, 1 backend",
-            runner(client_rt.block_on(support::single_hyper(&uris[0]))),
+            runner(client_rt.block_on(support::single_hyper(&uris[0], false))),
+        ));
+        all.push((
+            "single hyper h2 one write",
+            runner(client_rt.block_on(support::single_hyper(&uris[0], true))),
         ));
         all.into_iter()
             .filter(|(name, _)| only.as_deref().is_none_or(|o| name.contains(o)))

@@ -11,7 +11,7 @@
 //! call goes to another target instead of failing.
 //!
 //! On a plaintext connection (`http://`) each request's `HEADERS` and first `DATA` leave in one
-//! write, where hyper alone writes them apart ([`endpoint_state::writes`]): a unary call costs
+//! write, where hyper alone writes them apart ([`Coalesced`]): a unary call costs
 //! one system call and one TCP segment instead of two, and its server one wake-up.
 //!
 //! The connector honours every setting of the endpoint that tonic lets anyone read (TCP
@@ -27,7 +27,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use endpoint_state::transport::{CLOSED_BEFORE_SERVER_SPOKE, redirect_uri};
-use endpoint_state::writes::Coalescer;
+use endpoint_state::writes::Coalesced;
 use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -92,8 +92,18 @@ impl Service<Uri> for Connector {
         let connecting = self.http.call(uri);
         Box::pin(async move {
             let stream = connecting.await.map_err(into_io)?.into_inner();
-            Ok(TokioIo::new(Watched::new(stream, plaintext)))
+            Ok(TokioIo::new(Watched::new(one_write(stream, plaintext))))
         })
+    }
+}
+
+/// `stream`, sending each request's `HEADERS` and first `DATA` in one write when its bytes are
+/// plaintext HTTP/2.
+fn one_write<S>(stream: S, plaintext: bool) -> Coalesced<S> {
+    if plaintext {
+        Coalesced::new(stream)
+    } else {
+        Coalesced::passthrough(stream)
     }
 }
 
@@ -118,40 +128,23 @@ where
 /// is taken as written and the failure kept for the next read, which reports it: the
 /// connection is dead either way, and the words reach every call on it.
 ///
-/// A plaintext connection also sends each request's `HEADERS` and first `DATA` in one write
-/// ([`endpoint_state::writes`]): one system call and one TCP segment per unary call where hyper
-/// alone makes two.
+/// Under it, a plaintext connection sends each request's `HEADERS` and first `DATA` in one
+/// write ([`Coalesced`]): one system call and one TCP segment per unary call where hyper alone
+/// makes two.
 #[derive(Debug)]
-pub(crate) struct Watched<S = TcpStream> {
+pub(crate) struct Watched<S = Coalesced<TcpStream>> {
     stream: S,
     heard: bool,
     /// A write failed before the server spoke: the next read reports it.
     failed: bool,
-    /// Plaintext HTTP/2: writes that end with a request's `HEADERS` wait for its `DATA`, once.
-    writes: Option<Coalescer>,
 }
 
 impl<S> Watched<S> {
-    fn new(stream: S, plaintext: bool) -> Self {
+    fn new(stream: S) -> Self {
         Watched {
             stream,
             heard: false,
             failed: false,
-            writes: plaintext.then(Coalescer::client),
-        }
-    }
-
-    /// Whether to put this write off once (the task is woken to write it next time).
-    fn hold(&mut self, cx: &Context<'_>, bufs: &[io::IoSlice<'_>]) -> bool {
-        self.writes
-            .as_mut()
-            .is_some_and(|w| w.poll_hold(cx, bufs).is_pending())
-    }
-
-    /// `bufs` were polled for writing with this result.
-    fn written(&mut self, bufs: &[io::IoSlice<'_>], result: &Poll<io::Result<usize>>) {
-        if let (Some(writes), Poll::Ready(Ok(n))) = (&mut self.writes, result) {
-            writes.wrote(bufs, *n);
         }
     }
 
@@ -206,12 +199,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         if self.failed {
             return Poll::Ready(Ok(buf.len()));
         }
-        let bufs = [io::IoSlice::new(buf)];
-        if self.hold(cx, &bufs) {
-            return Poll::Pending;
-        }
         let result = Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.written(&bufs, &result);
         self.wrote(result, buf.len())
     }
 
@@ -224,11 +212,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         if self.failed {
             return Poll::Ready(Ok(len));
         }
-        if self.hold(cx, bufs) {
-            return Poll::Pending;
-        }
         let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.written(bufs, &result);
         self.wrote(result, len)
     }
 
@@ -371,7 +355,7 @@ mod tests {
         let tcp = TcpStream::connect(backend.addr()).await.unwrap();
         tcp.set_nodelay(true).unwrap();
         let (recording, writes) = Recording::new(tcp);
-        let mut io = Some(TokioIo::new(Watched::new(recording, plaintext)));
+        let mut io = Some(TokioIo::new(Watched::new(one_write(recording, plaintext))));
         let channel = Endpoint::from_shared(backend.uri())
             .unwrap()
             .connect_with_connector(tower::service_fn(move |_| {

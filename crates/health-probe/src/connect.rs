@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use endpoint_state::BoxError;
 use endpoint_state::sync::lock;
+use endpoint_state::writes::Coalesced;
 use health_layer::probe::frames::{Hex, NotConnected, ServerFrames, Speaks, WatchedIo};
 use health_layer::probe::{ProbeError, ProbeFailure};
 use http::{HeaderValue, Uri};
@@ -167,7 +168,7 @@ impl Connector {
 }
 
 impl Service<Uri> for Connector {
-    type Response = TokioIo<WatchedIo<BoxIo>>;
+    type Response = TokioIo<WatchedIo<Coalesced<BoxIo>>>;
     type Error = Arc<ConnectFailed>;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -179,7 +180,8 @@ impl Service<Uri> for Connector {
         let this = self.clone();
         Box::pin(async move {
             match this.open().await {
-                Ok(io) => Ok(TokioIo::new(this.frames.watch(io))),
+                // Each request's HEADERS and DATA in one write (above TLS: plaintext frames).
+                Ok(io) => Ok(TokioIo::new(this.frames.watch(Coalesced::new(io)))),
                 Err(e) => {
                     let e = Arc::new(e);
                     *lock(&this.open_failed) = Some(Arc::clone(&e));

@@ -323,17 +323,25 @@ pub(crate) async fn kit_bare_and_list(uris: &[String]) -> (grpc_client_kit::Kit,
 
 /// One HTTP/2 connection to `uri` made with hyper alone, its `SendRequest` called directly
 /// (no `Buffer`, no worker task, no reconnection): the floor under every contender, for scale.
-pub(crate) async fn single_hyper(uri: &str) -> TestServiceClient<DirectH2> {
+/// With `one_write`, its IO sends each request's `HEADERS` and `DATA` in one write, as the
+/// kit's plaintext connections do (`grpc_client_kit::state::writes::Coalesced`).
+pub(crate) async fn single_hyper(uri: &str, one_write: bool) -> TestServiceClient<DirectH2> {
+    use grpc_client_kit::state::writes::Coalesced;
     let parsed: http::Uri = uri.parse().expect("a backend URI");
     let authority = parsed.authority().expect("host:port").clone();
     let stream = tokio::net::TcpStream::connect(authority.as_str())
         .await
         .expect("connect");
     stream.set_nodelay(true).expect("nodelay");
+    let io = if one_write {
+        Coalesced::new(stream)
+    } else {
+        Coalesced::passthrough(stream)
+    };
     let (send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .timer(hyper_util::rt::TokioTimer::new())
-            .handshake(hyper_util::rt::TokioIo::new(stream))
+            .handshake(hyper_util::rt::TokioIo::new(io))
             .await
             .expect("HTTP/2 handshake");
     tokio::spawn(conn);

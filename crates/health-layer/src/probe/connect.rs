@@ -7,8 +7,13 @@
 //! `GOAWAY` the server sent is kept, so the checker can tell a connection closed for too many
 //! pings (double the keepalive) from any other.
 //!
+//! A plaintext probe connection also sends each `Check` in one write, its `HEADERS` and `DATA`
+//! together, where hyper alone writes them apart
+//! ([`Coalesced`](endpoint_state::writes::Coalesced)): one system call and one TCP segment per
+//! check instead of two.
+//!
 //! TLS endpoints (`https://`, encrypted by tonic above the connector) and endpoints of other
-//! schemes are connected as tonic does, without these two. The connector applies the
+//! schemes are connected as tonic does, without these. The connector applies the
 //! endpoint's TCP settings (nodelay, keepalive, connect timeout); `Endpoint::local_address`
 //! cannot be read back from tonic, so a probe connection does not bind it (give the checker a
 //! [`connector`](crate::HealthConfig::connector) of your own if you need one).
@@ -23,6 +28,7 @@ use std::time::Duration;
 
 use endpoint_state::BoxError;
 use endpoint_state::transport::redirect_uri;
+use endpoint_state::writes::Coalesced;
 use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -158,8 +164,14 @@ impl WatchingConnector {
     }
 }
 
+/// A probe connection's IO: the server's frames watched, and each `Check` sent in one write
+/// (its `HEADERS` and `DATA` together, where hyper alone writes them apart).
+pub(crate) fn probe_io<T>(frames: &ServerFrames, io: T) -> WatchedIo<Coalesced<T>> {
+    frames.watch(Coalesced::new(io))
+}
+
 impl Service<Uri> for WatchingConnector {
-    type Response = TokioIo<WatchedIo<TcpStream>>;
+    type Response = TokioIo<WatchedIo<Coalesced<TcpStream>>>;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -178,7 +190,45 @@ impl Service<Uri> for WatchingConnector {
         Box::pin(async move {
             let io = connecting.await?;
             // A new connection of the same channel: its preface is to come.
-            Ok(TokioIo::new(frames.watch(io.into_inner())))
+            Ok(TokioIo::new(probe_io(&frames, io.into_inner())))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `Check` on a probe connection to a real server leaves in one write: its `HEADERS` and
+    /// its `DATA` together (hyper alone writes them apart: see `endpoint_state::writes`).
+    #[tokio::test]
+    async fn a_checks_headers_and_data_leave_in_one_write() {
+        use test_backends::wire::Recording;
+
+        let backend = test_backends::Backend::start("b0").await.unwrap();
+        let tcp = TcpStream::connect(backend.addr()).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        let (recording, writes) = Recording::new(tcp);
+        let frames = ServerFrames::new();
+        let mut io = Some(TokioIo::new(probe_io(&frames, recording)));
+        let channel = Endpoint::from_shared(backend.uri())
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let io = io.take().ok_or("one connection");
+                async move { io }
+            }))
+            .await
+            .unwrap();
+        let check = crate::probe::check_call::CheckCall::new("".into());
+        let target: Arc<str> = backend.uri().into();
+        for _ in 0..3 {
+            let status = check
+                .call(channel.clone(), &target, std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
+        }
+
+        writes.assert_requests_whole(3);
     }
 }

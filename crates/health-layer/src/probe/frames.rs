@@ -12,10 +12,6 @@
 //! * the last **`GOAWAY`**, so that the checker can tell a connection closed for too many pings
 //!   (gRFC A8) from any other.
 //!
-//! Writes pass through unchanged too, but for one thing: a write that ends with a request's
-//! `HEADERS` waits, once, for the request's `DATA`, so that a `Check` leaves in one write (one
-//! system call, one TCP segment) instead of hyper's two ([`endpoint_state::writes`]).
-//!
 //! The checker's plaintext probe connections are watched this way, and so are the command-line
 //! probe's (`health-probe`, which does TLS itself and wraps its TLS stream):
 //!
@@ -41,7 +37,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use endpoint_state::sync::lock;
-use endpoint_state::writes::Coalescer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
@@ -129,15 +124,13 @@ impl ServerFrames {
     }
 
     /// Watches a new connection: its server's preface is now awaited, and every byte read from
-    /// `io` is parsed into frame headers. Writes pass through (a request's `HEADERS` wait once
-    /// for its `DATA`, see [`WatchedIo`]).
+    /// `io` is parsed into frame headers. Writes pass through.
     pub fn watch<T>(&self, io: T) -> WatchedIo<T> {
         self.inner.preface.send_replace(Preface::Waiting);
         WatchedIo {
             io,
             frames: self.clone(),
             parser: Parser::default(),
-            writes: Coalescer::client(),
         }
     }
 
@@ -293,14 +286,11 @@ impl std::error::Error for NotConnected {
 
 /// An IO whose reads are parsed into HTTP/2 frame headers, reporting the server's preface and
 /// `GOAWAY`s to its [`ServerFrames`] (made by [`ServerFrames::watch`]). Bytes pass through
-/// unchanged both ways; a request's `HEADERS` and first `DATA` leave in one write
-/// ([`endpoint_state::writes`]).
+/// unchanged both ways.
 pub struct WatchedIo<T> {
     io: T,
     frames: ServerFrames,
     parser: Parser,
-    /// A request's `HEADERS` and `DATA` leave in one write.
-    writes: Coalescer,
 }
 
 impl<T> fmt::Debug for WatchedIo<T> {
@@ -508,14 +498,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let bufs = [io::IoSlice::new(buf)];
-        if this.writes.poll_hold(cx, &bufs).is_pending() {
-            return Poll::Pending;
-        }
         let polled = Pin::new(&mut this.io).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            this.writes.wrote(&bufs, n);
-        }
         this.wrote(polled)
     }
 
@@ -525,13 +508,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.writes.poll_hold(cx, bufs).is_pending() {
-            return Poll::Pending;
-        }
         let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
-            this.writes.wrote(bufs, n);
-        }
         this.wrote(polled)
     }
 

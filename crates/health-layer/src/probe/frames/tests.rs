@@ -202,39 +202,3 @@ async fn a_new_connection_waits_for_its_own_preface() {
     watched.read_exact(&mut header).await.unwrap();
     assert!(frames.preface().await.is_ok());
 }
-
-/// A `Check` on a watched connection to a real server leaves in one write: its `HEADERS` and
-/// its `DATA` together (hyper alone writes them apart: see `endpoint_state::writes`).
-#[tokio::test]
-async fn a_checks_headers_and_data_leave_in_one_write() {
-    use test_backends::wire::Recording;
-    use tonic::transport::Endpoint;
-
-    let backend = test_backends::Backend::start("b0").await.unwrap();
-    let tcp = tokio::net::TcpStream::connect(backend.addr())
-        .await
-        .unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let (recording, writes) = Recording::new(tcp);
-    let frames = ServerFrames::new();
-    let mut io = Some(hyper_util::rt::TokioIo::new(frames.watch(recording)));
-    let channel = Endpoint::from_shared(backend.uri())
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let io = io.take().ok_or("one connection");
-            async move { io }
-        }))
-        .await
-        .unwrap();
-    let check = crate::probe::check_call::CheckCall::new("".into());
-    let target: Arc<str> = backend.uri().into();
-    for _ in 0..3 {
-        let status = check
-            .call(channel.clone(), &target, std::time::Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
-    }
-
-    writes.assert_requests_whole(3);
-}
