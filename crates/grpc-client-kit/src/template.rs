@@ -102,8 +102,8 @@ impl EndpointTemplate {
     /// closed before the server spoke (see [`from_fn`](Self::from_fn)) is the connector's to
     /// give: without it, such a call fails with `UNAVAILABLE` instead of being retried. So is
     /// the kit's one write per request on plaintext connections (a request's `HEADERS` and
-    /// first `DATA` together): an IO of yours can do the same with
-    /// [`state::writes::Coalescer`](crate::state::writes::Coalescer).
+    /// first `DATA` together): wrap a plaintext connection's IO in
+    /// [`state::writes::Coalesced`](crate::state::writes::Coalesced) to do the same.
     ///
     /// ```
     /// use grpc_client_kit::EndpointTemplate;
