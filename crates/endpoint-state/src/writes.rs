@@ -20,8 +20,8 @@
 //! one extra poll. On a connection already saturated by many concurrent callers, the write can
 //! also wait behind their tasks. The grpc-client-kit benchmarks measure the cost: with 64
 //! callers on one connection, the median call is about 15 % slower and throughput 0–8 % lower;
-//! the p99 stays the same or improves. With 8 callers, or spread over 3 connections, calls are faster and use
-//! less CPU.
+//! the p99 stays the same or improves. With 8 callers, or spread over 3 connections, calls are
+//! faster and use less CPU.
 //!
 //! [`Coalesced`] is such an IO, around any other. The kit's own connections use it for
 //! plaintext HTTP/2 (`http://`); under TLS the IO sees records, not frames, and writes pass
