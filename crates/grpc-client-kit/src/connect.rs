@@ -346,24 +346,15 @@ mod tests {
     use std::time::Duration;
 
     use test_backends::pb::{Ping, test_service_client::TestServiceClient};
-    use test_backends::wire::{END_STREAM, Recording, Writes};
+    use test_backends::wire::{END_STREAM, Writes, channel_over, record_tcp};
 
     use super::*;
 
     /// A channel to `backend` over one recorded connection, watched as the kit watches its own.
     async fn recorded(backend: &test_backends::Backend, plaintext: bool) -> (Channel, Writes) {
-        let tcp = TcpStream::connect(backend.addr()).await.unwrap();
-        tcp.set_nodelay(true).unwrap();
-        let (recording, writes) = Recording::new(tcp);
-        let mut io = Some(TokioIo::new(Watched::new(one_write(recording, plaintext))));
-        let channel = Endpoint::from_shared(backend.uri())
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let io = io.take().ok_or("one connection");
-                async move { io }
-            }))
-            .await
-            .unwrap();
+        let (recording, writes) = record_tcp(backend.addr()).await.unwrap();
+        let io = Watched::new(one_write(recording, plaintext));
+        let channel = channel_over(backend.uri(), io).await.unwrap();
         (channel, writes)
     }
 

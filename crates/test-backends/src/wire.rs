@@ -16,12 +16,15 @@
 //! ```
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use endpoint_state::sync::lock;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
 
 /// The HTTP/2 frame type `DATA`.
 pub const FRAME_DATA: u8 = 0x0;
@@ -140,6 +143,27 @@ impl Writes {
             );
         }
     }
+}
+
+/// A TCP connection to `addr` (`TCP_NODELAY`, as tonic's connections), recorded.
+pub async fn record_tcp(addr: SocketAddr) -> io::Result<(Recording<TcpStream>, Writes)> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    Ok(Recording::new(tcp))
+}
+
+/// A tonic channel to `uri` whose one connection is `io` (a reconnection fails).
+pub async fn channel_over<T>(uri: String, io: T) -> Result<Channel, tonic::transport::Error>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let mut io = Some(hyper_util::rt::TokioIo::new(io));
+    Endpoint::from_shared(uri)?
+        .connect_with_connector(tower::service_fn(move |_| {
+            let io = io.take().ok_or("one connection");
+            async move { io }
+        }))
+        .await
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Recording<T> {

@@ -203,20 +203,12 @@ mod tests {
     /// its `DATA` together (hyper alone writes them apart: see `endpoint_state::writes`).
     #[tokio::test]
     async fn a_checks_headers_and_data_leave_in_one_write() {
-        use test_backends::wire::Recording;
+        use test_backends::wire::{channel_over, record_tcp};
 
         let backend = test_backends::Backend::start("b0").await.unwrap();
-        let tcp = TcpStream::connect(backend.addr()).await.unwrap();
-        tcp.set_nodelay(true).unwrap();
-        let (recording, writes) = Recording::new(tcp);
+        let (recording, writes) = record_tcp(backend.addr()).await.unwrap();
         let frames = ServerFrames::new();
-        let mut io = Some(TokioIo::new(probe_io(&frames, recording)));
-        let channel = Endpoint::from_shared(backend.uri())
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let io = io.take().ok_or("one connection");
-                async move { io }
-            }))
+        let channel = channel_over(backend.uri(), probe_io(&frames, recording))
             .await
             .unwrap();
         let check = crate::probe::check_call::CheckCall::new("".into());
