@@ -36,9 +36,31 @@ pub fn never_sent(error: &(dyn Error + 'static)) -> bool {
         if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
             return hyper.is_canceled();
         }
+        if e.is::<NeverSent>() {
+            return true;
+        }
         cur = e.source();
     }
     false
+}
+
+/// A request that never left this client: its connection failed or closed before the request
+/// was handed to it (the kit's own HTTP/2 connections report this, as hyper's report a
+/// cancelled request). [`never_sent`] and [`not_processed`] find it anywhere in an error's
+/// chain; the connection's error is its [`source`](Error::source).
+#[derive(Debug)]
+pub struct NeverSent(pub Box<dyn Error + Send + Sync>);
+
+impl std::fmt::Display for NeverSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request was not sent: {}", self.0)
+    }
+}
+
+impl Error for NeverSent {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.0)
+    }
 }
 
 /// The words of the error with which a connector that watches its connections (the kit's)
@@ -79,6 +101,9 @@ pub fn not_processed(error: &(dyn Error + 'static)) -> bool {
     while let Some(e) = cur {
         if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
             return hyper.is_canceled();
+        }
+        if e.is::<NeverSent>() {
+            return true;
         }
         cur = e.source();
     }
@@ -224,6 +249,15 @@ mod tests {
         let mut status = Status::unavailable("b0: transport error");
         status.set_source(Arc::new(io::Error::from(io::ErrorKind::ConnectionRefused)));
         assert!(never_sent(&Wrap(Box::new(status))));
+        // A connection that closed before it took the request (the kit's own HTTP/2 client
+        // says so), whatever its own error.
+        let closed = NeverSent(Box::new(io::Error::from(io::ErrorKind::BrokenPipe)));
+        assert!(never_sent(&Wrap(Box::new(closed))));
+        let closed = NeverSent(Box::new(io::Error::from(io::ErrorKind::BrokenPipe)));
+        assert!(not_processed(&Wrap(Box::new(closed))));
+        assert!(!not_processed(&Wrap(Box::new(io::Error::from(
+            io::ErrorKind::BrokenPipe
+        )))));
     }
 
     #[test]

@@ -41,9 +41,7 @@ use crate::error::BoxError;
 /// A lazily connected channel to `endpoint` (to `address` instead of the endpoint's host, when
 /// given), through [`Connector`].
 pub(crate) fn channel(endpoint: &Endpoint, address: Option<SocketAddr>) -> Channel {
-    let mut connector = Connector::for_endpoint(endpoint);
-    connector.address = address;
-    endpoint.connect_with_connector_lazy(connector)
+    endpoint.connect_with_connector_lazy(Connector::to(endpoint, address))
 }
 
 /// tonic's TCP connector with the endpoint's settings; its connections are [`Watched`].
@@ -69,9 +67,36 @@ impl Connector {
             address: None,
         }
     }
+
+    /// [`for_endpoint`](Self::for_endpoint), connecting to `address` instead of the
+    /// endpoint's host when given.
+    pub(crate) fn to(endpoint: &Endpoint, address: Option<SocketAddr>) -> Self {
+        let mut connector = Connector::for_endpoint(endpoint);
+        connector.address = address;
+        connector
+    }
 }
 
 type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<Watched>, io::Error>> + Send>>;
+
+impl Connector {
+    /// A connection to `uri` for the kit's own HTTP/2 client ([`crate::direct`]), whose writes
+    /// already carry each request's `HEADERS` with its first `DATA`: watched, not held.
+    pub(crate) fn connect(
+        &self,
+        uri: Uri,
+    ) -> impl Future<Output = Result<Watched, io::Error>> + Send + 'static {
+        let uri = match self.address {
+            Some(address) => redirect_uri(&uri, address),
+            None => uri,
+        };
+        let connecting = self.http.clone().call(uri);
+        async move {
+            let stream = connecting.await.map_err(into_io)?.into_inner();
+            Ok(Watched::new(Coalesced::passthrough(stream)))
+        }
+    }
+}
 
 impl Service<Uri> for Connector {
     type Response = TokioIo<Watched>;

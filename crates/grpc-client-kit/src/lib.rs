@@ -8,10 +8,10 @@
 //!
 //! ```text
 //!              ┌────────────────────── per target (one EndpointCard each) ──────────────────────┐
-//! KitChannel → Balance → Health gate → Quarantine → Breaker → transport errors named → Channel
-//!   (clone)    O(1) pick   (Watch/Check    (5 s after    (Wait mode:        (UNAVAILABLE,       (tonic,
-//!              over the    verdicts from   UNAVAILABLE,  skipped while      target in the       lazy)
-//!              eligible    the checker)    never empties open)              message)
+//! KitChannel → Balance → Health gate → Quarantine → Breaker → transport errors named → connection
+//!   (clone)    O(1) pick   (Watch/Check    (5 s after    (Wait mode:        (UNAVAILABLE,       (lazy: the kit's
+//!              over the    verdicts from   UNAVAILABLE,  skipped while      target in the       HTTP/2 client, or
+//!              eligible    the checker)    never empties open)              message)            a tonic Channel)
 //!              targets                     the choice)
 //! ```
 //!
@@ -24,6 +24,14 @@
 //! * **The endpoint template** ([`EndpointTemplate`]) builds each target's tonic `Endpoint` —
 //!   TLS, origin, user agent, timeouts — for its application channel *and* its health probe's
 //!   channel (a separate connection: probes never count towards breakers or quarantine).
+//! * **The connection.** A plaintext target of the kit's own templates
+//!   ([`EndpointTemplate::new`], [`EndpointSettings`]) is called through the kit's own HTTP/2
+//!   client, on the `h2` crate: the caller's task sends the request and reads the response,
+//!   where a tonic `Channel` hands each call to a worker task and hyper spawns two more (a
+//!   unary call costs about 25 % less client CPU; see `BENCHMARKS.md`). It honours every
+//!   setting of the template (timeout, origin, user agent, keepalive, TCP) and backs its
+//!   keepalive off on `too_many_pings` (gRFC A8). TLS, a template function's endpoint and a
+//!   user's connector keep a tonic `Channel`.
 //! * **Errors are gRPC statuses** naming the target(s) and why, never `UNKNOWN` (see
 //!   [`error`]): `UNAVAILABLE` when no target is eligible (each listed: unhealthy, breaker open,
 //!   quarantined ...), when the DNS name cannot be resolved, on a transport error.
@@ -155,6 +163,8 @@ mod call_options;
 mod config;
 #[cfg(feature = "kit")]
 mod connect;
+#[cfg(feature = "kit")]
+mod direct;
 #[cfg(feature = "kit")]
 mod discovery;
 #[cfg(feature = "kit")]

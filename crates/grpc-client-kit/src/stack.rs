@@ -38,7 +38,7 @@ pub(crate) type Request = http::Request<tonic::body::Body>;
 
 /// The bottom of a target's stack: its channel, with transport errors named after the target,
 /// and every attempt seen by the kit's observer (span, metrics: `crate::observe`).
-pub(crate) type Leaf = crate::observe::Observed<Labeled<Channel>>;
+pub(crate) type Leaf = crate::observe::Observed<Labeled<Conn>>;
 
 pub(crate) type LeafBody =
     ClassifiedBody<LabeledBody<tonic::body::Body>, crate::observe::AttemptEnd>;
@@ -460,6 +460,9 @@ pub(crate) struct StackFactory {
     /// Whether targets are connected by the kit's own connector ([`crate::connect`]), which
     /// tells a connection that failed before the server spoke; otherwise by tonic's.
     pub(crate) own_connector: bool,
+    /// The settings of the kit's own template, when targets use one: a plaintext target is
+    /// then called through the kit's own HTTP/2 client ([`crate::direct`]).
+    pub(crate) direct: Option<Arc<crate::template::EndpointSettings>>,
     /// The kit's span and metrics of calls (`crate::observe`).
     pub(crate) observe: crate::observe::Observer,
     /// The user's layers, inside every target's gates.
@@ -490,7 +493,7 @@ impl StackFactory {
         if !self.breaker_enabled {
             handle.disable();
         }
-        let channel = channel(new, self.own_connector);
+        let channel = self.conn(new);
         let leaf = self
             .observe
             .leaf(Labeled::new(channel, target.clone()), target, card);
@@ -505,7 +508,75 @@ impl StackFactory {
     }
 }
 
-/// A target's application channel, lazily connected: through the user's connector when its
+impl StackFactory {
+    /// A target's connection, lazily made: the kit's own HTTP/2 client ([`crate::direct`]) for
+    /// a plaintext target of a template the kit made, else a tonic `Channel` ([`channel`]).
+    fn conn(&self, new: &NewTarget) -> Conn {
+        if let (Some(settings), None) = (&self.direct, &new.connector) {
+            let connector = crate::connect::Connector::to(&new.endpoint, new.address);
+            if let Some(direct) = crate::direct::Direct::new(&new.endpoint, settings, connector) {
+                return Conn::Direct(direct);
+            }
+        }
+        Conn::Channel(channel(new, self.own_connector))
+    }
+}
+
+/// A target's connection: the kit's own HTTP/2 client, or a tonic `Channel`.
+#[derive(Debug, Clone)]
+pub(crate) enum Conn {
+    Direct(crate::direct::Direct),
+    Channel(Channel),
+}
+
+impl Service<Request> for Conn {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = BoxError;
+    type Future = ConnFuture;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        match self {
+            Conn::Direct(direct) => direct.poll_ready(cx),
+            Conn::Channel(channel) => channel.poll_ready(cx).map_err(Into::into),
+        }
+    }
+
+    #[inline]
+    fn call(&mut self, req: Request) -> ConnFuture {
+        match self {
+            Conn::Direct(direct) => ConnFuture::Direct {
+                inner: direct.call(req),
+            },
+            Conn::Channel(channel) => ConnFuture::Channel {
+                inner: channel.call(req),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`Conn`].
+    #[project = ConnFutureProj]
+    pub(crate) enum ConnFuture {
+        Direct { #[pin] inner: crate::direct::DirectFuture },
+        Channel { #[pin] inner: tonic::transport::channel::ResponseFuture },
+    }
+}
+
+impl Future for ConnFuture {
+    type Output = Result<http::Response<tonic::body::Body>, BoxError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            ConnFutureProj::Direct { inner } => inner.poll(cx),
+            ConnFutureProj::Channel { inner } => inner.poll(cx).map_err(Into::into),
+        }
+    }
+}
+
+/// A target's tonic channel, lazily connected: through the user's connector when its
 /// template has one; through the kit's own ([`crate::connect`]) when the kit knows every
 /// setting of the endpoint, or the connection must go to a resolved address rather than the
 /// endpoint's host (a `dns:` target); otherwise through tonic's.

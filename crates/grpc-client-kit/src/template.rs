@@ -47,10 +47,10 @@ type TemplateFn =
 #[derive(Clone)]
 pub struct EndpointTemplate {
     f: Arc<TemplateFn>,
-    /// Made by the kit from settings it knows ([`new`](Self::new), [`EndpointSettings`]):
-    /// every setting of its endpoints can be read back, so the kit may connect them with its
-    /// own connector (see [`from_fn`](Self::from_fn)).
-    known: bool,
+    /// The settings it was made from, when the kit made it ([`new`](Self::new),
+    /// [`EndpointSettings`]): every setting of its endpoints is known, so the kit may connect
+    /// them with its own connector and HTTP/2 client (see [`from_fn`](Self::from_fn)).
+    known: Option<Arc<EndpointSettings>>,
 }
 
 impl EndpointTemplate {
@@ -62,7 +62,7 @@ impl EndpointTemplate {
     /// The default: the URI as it is, with tonic's default settings (and the
     /// [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT)).
     pub fn new() -> Self {
-        EndpointTemplate::known(|uri: &str| Ok(Endpoint::from_shared(uri.to_owned())?))
+        EndpointSettings::default().template()
     }
 
     /// A template from a function of the target's URI.
@@ -82,7 +82,7 @@ impl EndpointTemplate {
     {
         EndpointTemplate {
             f: Arc::new(move |uri: &str| Ok((f(uri)?, None))),
-            known: false,
+            known: None,
         }
     }
 
@@ -140,24 +140,30 @@ impl EndpointTemplate {
                 let (endpoint, connector) = f(uri)?;
                 Ok((endpoint, Some(box_connector(connector))))
             }),
-            known: false,
+            known: None,
         }
     }
 
-    /// A template of the kit's own, whose every setting can be read back.
-    fn known<F>(f: F) -> Self
+    /// A template of the kit's own, made from `settings`.
+    fn known<F>(settings: EndpointSettings, f: F) -> Self
     where
         F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
     {
         EndpointTemplate {
             f: Arc::new(move |uri: &str| Ok((f(uri)?, None))),
-            known: true,
+            known: Some(Arc::new(settings)),
         }
     }
 
     /// Whether the kit may connect this template's endpoints with its own connector.
     pub(crate) fn is_known(&self) -> bool {
-        self.known
+        self.known.is_some()
+    }
+
+    /// The settings of a template the kit made, which its own HTTP/2 client
+    /// ([`crate::direct`]) applies.
+    pub(crate) fn settings(&self) -> Option<&Arc<EndpointSettings>> {
+        self.known.as_ref()
     }
 
     /// The endpoint for `uri`: the template's, with
@@ -339,7 +345,7 @@ impl EndpointSettings {
     /// A template that builds each target's endpoint from its URI and these settings.
     pub fn template(&self) -> EndpointTemplate {
         let settings = self.clone();
-        EndpointTemplate::known(move |uri: &str| {
+        EndpointTemplate::known(self.clone(), move |uri: &str| {
             settings.apply(Endpoint::from_shared(uri.to_owned())?)
         })
     }
