@@ -6,7 +6,8 @@
 //! `TestServiceClient`, call `Unary` back to back for a fixed time. Contenders:
 //!
 //! * `kit` — the grpc-client-kit channel with round-robin (health in Watch mode, quarantine and
-//!   breaker at their defaults: the whole per-target stack);
+//!   breaker at their defaults: the whole per-target stack), its targets called through the
+//!   kit's own HTTP/2 client (the default template, plaintext);
 //! * `tonic balance_list` — `Channel::balance_list` over the three endpoints;
 //! * `tower p2c` — tower's `p2c::Balance` over three `Channel`s (load: pending requests).
 //!   `p2c::Balance` is not `Clone`, so it sits behind a `tower::buffer::Buffer` (1,024 slots,

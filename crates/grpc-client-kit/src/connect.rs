@@ -10,9 +10,12 @@
 //! ([`closed_before_server_spoke`](endpoint_state::transport::closed_before_server_spoke)): the
 //! call goes to another target instead of failing.
 //!
-//! On a plaintext connection (`http://`) each request's `HEADERS` and first `DATA` leave in one
-//! write, where hyper alone writes them apart ([`Coalesced`]): a unary call costs
-//! one system call and one TCP segment instead of two, and its server one wake-up.
+//! Its connections serve the kit's own HTTP/2 client ([`crate::direct`], plaintext targets of
+//! the kit's templates), whose writes already carry each request's `HEADERS` with its first
+//! `DATA`, and the tonic `Channel`s the kit makes for other targets. On a `Channel`'s plaintext
+//! connection (`http://`) the two leave in one write too, where hyper alone writes them apart
+//! ([`Coalesced`]): a unary call costs one system call and one TCP segment instead of two, and
+//! its server one wake-up.
 //!
 //! The connector honours every setting of the endpoint that tonic lets anyone read (TCP
 //! nodelay, TCP keepalive and its interval and retries, the connect timeout; TLS and every

@@ -48,7 +48,6 @@ use h2::{RecvStream, SendStream};
 use http::HeaderValue;
 use http::uri::{Authority, Scheme};
 use http_body::{Body as _, Frame};
-use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tonic::body::Body;
 use tonic::transport::Endpoint;
@@ -380,16 +379,16 @@ impl Service<http::Request<Body>> for Direct {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> DirectFuture {
-        let timer = self.shared.timeout.map(tokio::time::sleep);
+        let timer = self.shared.timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         let state = match &mut self.send {
             Some((_, send)) => send_on(&self.shared, send, req),
             None => {
                 let generation = self.shared.conn().generation;
-                State::Connecting {
+                State::Connecting(Box::new(Waiting {
                     request: Some(req),
                     shared: self.shared.clone(),
                     generation,
-                }
+                }))
             }
         };
         DirectFuture { state, timer }
@@ -430,11 +429,7 @@ fn send_on(shared: &Shared, send: &mut SendRequest<Bytes>, req: http::Request<Bo
     let end = body.is_end_stream();
     match send.send_request(http::Request::from_parts(parts, ()), end) {
         Ok((response, stream)) => State::Sending {
-            pump: (!end).then_some(Pump {
-                body,
-                stream,
-                first: true,
-            }),
+            pump: (!end).then(|| Pump::new(body, stream)),
             response: Some(response),
             in_flight: shared.in_flight.clone().map(InFlight::new),
         },
@@ -443,16 +438,31 @@ fn send_on(shared: &Shared, send: &mut SendRequest<Bytes>, req: http::Request<Bo
     }
 }
 
-/// The headers HTTP/2 forbids (RFC 9113 §8.2.2), which h2 refuses to send.
+/// Removes the headers HTTP/2 forbids (RFC 9113 §8.2.2), which h2 refuses to send. A
+/// generated client sends none of them: one look through the few headers it sends (names
+/// compared, none hashed) comes first.
 fn strip_connection_headers(headers: &mut http::HeaderMap) {
-    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
-    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
+    const FORBIDDEN: [&str; 5] = [
+        "connection",
+        "transfer-encoding",
+        "upgrade",
+        "keep-alive",
+        "proxy-connection",
+    ];
+    let forbidden = |name: &http::HeaderName, value: &HeaderValue| {
+        FORBIDDEN.contains(&name.as_str()) || (name == http::header::TE && value != "trailers")
+    };
+    if !headers.iter().any(|(name, value)| forbidden(name, value)) {
+        return;
+    }
+    for name in FORBIDDEN {
         headers.remove(name);
     }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-    if headers.get(TE).is_some_and(|te| te != "trailers") {
-        headers.remove(TE);
+    if headers
+        .get(http::header::TE)
+        .is_some_and(|te| te != "trailers")
+    {
+        headers.remove(http::header::TE);
     }
 }
 
@@ -476,24 +486,45 @@ impl Drop for InFlight {
 struct Pump {
     body: Body,
     stream: SendStream<Bytes>,
-    /// The first message goes out with the `HEADERS` (h2 holds it until the stream opens);
-    /// later ones wait for the stream's flow-control window.
+    /// The first message goes out with the `HEADERS` (h2 holds it until the stream opens).
     first: bool,
+    /// A later message (and whether it ends the body), waiting for the stream's
+    /// flow-control window: h2 would buffer whatever it is given.
+    held: Option<(Bytes, bool)>,
 }
 
 impl Pump {
+    fn new(body: Body, stream: SendStream<Bytes>) -> Self {
+        Pump {
+            body,
+            stream,
+            first: true,
+            held: None,
+        }
+    }
+
     /// Sends what the body has ready; `Ready(Ok)` once all of it is sent, or the stream can
     /// take no more (the server answered, or reset it: the response tells the call's fate).
     /// An error is the body's own: the stream is then reset.
+    ///
+    /// A unary call's body (one message, then its end) is sent whole in the first poll,
+    /// without waiting for the stream to open: the connection writes it with the `HEADERS`.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         loop {
-            if !self.first {
-                self.stream.reserve_capacity(1);
-                while self.stream.capacity() == 0 {
-                    match ready!(self.stream.poll_capacity(cx)) {
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => return Poll::Ready(Ok(())),
+            if let Some((data, end)) = self.held.take() {
+                if self.stream.capacity() < data.len() {
+                    self.stream.reserve_capacity(data.len());
+                    match self.stream.poll_capacity(cx) {
+                        Poll::Pending => {
+                            self.held = Some((data, end));
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Some(Ok(_))) => {}
+                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(Ok(())),
                     }
+                }
+                if self.stream.send_data(data, end).is_err() || end {
+                    return Poll::Ready(Ok(()));
                 }
             }
             let frame = match Pin::new(&mut self.body).poll_frame(cx) {
@@ -508,6 +539,7 @@ impl Pump {
             };
             match frame {
                 None => {
+                    // An empty DATA frame needs no window.
                     let _ = self.stream.send_data(Bytes::new(), true);
                     return Poll::Ready(Ok(()));
                 }
@@ -524,9 +556,12 @@ impl Pump {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         let end = self.body.is_end_stream();
-                        self.first = false;
-                        if self.stream.send_data(data, end).is_err() || end {
-                            return Poll::Ready(Ok(()));
+                        if std::mem::take(&mut self.first) {
+                            if self.stream.send_data(data, end).is_err() || end {
+                                return Poll::Ready(Ok(()));
+                            }
+                        } else {
+                            self.held = Some((data, end));
                         }
                     }
                     Err(frame) => {
@@ -552,23 +587,24 @@ impl Future for Finish {
     }
 }
 
-pin_project! {
-    /// The response future of [`Direct`].
-    pub(crate) struct DirectFuture {
-        state: State,
-        // The template's `timeout`, if it sets one.
-        #[pin]
-        timer: Option<Sleep>,
-    }
+/// The response future of [`Direct`]. Small (the futures of the layers above hold it, and
+/// are moved as they are made): the rare parts (a call waiting for its connection, a timer)
+/// are boxed.
+pub(crate) struct DirectFuture {
+    state: State,
+    /// The template's `timeout`, if it sets one.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+/// A call waiting for connection attempt `generation`.
+struct Waiting {
+    request: Option<http::Request<Body>>,
+    shared: Arc<Shared>,
+    generation: u64,
 }
 
 enum State {
-    /// Waiting for connection attempt `generation`.
-    Connecting {
-        request: Option<http::Request<Body>>,
-        shared: Arc<Shared>,
-        generation: u64,
-    },
+    Connecting(Box<Waiting>),
     Sending {
         pump: Option<Pump>,
         response: Option<ResponseFuture>,
@@ -580,14 +616,14 @@ enum State {
 impl Future for DirectFuture {
     type Output = Result<http::Response<Body>, BoxError>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
         let polled = this.state.poll(cx);
         if polled.is_pending()
-            && let Some(timer) = this.timer.as_pin_mut()
-            && timer.poll(cx).is_ready()
+            && let Some(timer) = this.timer.as_mut()
+            && timer.as_mut().poll(cx).is_ready()
         {
-            *this.state = State::Failed(None);
+            this.state = State::Failed(None);
             return Poll::Ready(Err(Box::new(tower::timeout::error::Elapsed::new())));
         }
         polled
@@ -603,11 +639,12 @@ impl State {
                         .take()
                         .unwrap_or_else(|| "polled after completion".into())));
                 }
-                State::Connecting {
-                    request,
-                    shared,
-                    generation,
-                } => {
+                State::Connecting(waiting) => {
+                    let Waiting {
+                        request,
+                        shared,
+                        generation,
+                    } = &mut **waiting;
                     let shared = shared.clone();
                     let mut conn = shared.conn();
                     let current = conn.generation;
@@ -724,5 +761,38 @@ fn from_h2(error: h2::Error) -> BoxError {
         }
     } else {
         Box::new(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every layer above holds this future and moves it as its own is made: kept small (a
+    /// call waiting for its connection and the timer are boxed), it costs no copying.
+    #[test]
+    fn the_response_future_is_small() {
+        assert!(
+            std::mem::size_of::<DirectFuture>() <= 160,
+            "{} bytes",
+            std::mem::size_of::<DirectFuture>()
+        );
+    }
+
+    #[test]
+    fn forbidden_headers_are_removed_and_te_trailers_kept() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+        let before = headers.clone();
+        strip_connection_headers(&mut headers);
+        assert_eq!(headers, before);
+        headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        strip_connection_headers(&mut headers);
+        assert_eq!(headers, before);
+        headers.insert(http::header::TE, HeaderValue::from_static("gzip"));
+        strip_connection_headers(&mut headers);
+        assert!(headers.get(http::header::TE).is_none());
     }
 }
