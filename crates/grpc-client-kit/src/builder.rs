@@ -535,7 +535,7 @@ impl KitBuilder {
             breaker,
             breaker_enabled,
             own_connector: self.template.is_known(),
-            direct: self.template.settings().cloned(),
+            own_http2: self.template.settings().cloned(),
             observe: crate::observe::Observer::new(name),
             layers: std::mem::take(&mut self.layers),
         };

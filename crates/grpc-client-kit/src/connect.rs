@@ -10,7 +10,7 @@
 //! ([`closed_before_server_spoke`](endpoint_state::transport::closed_before_server_spoke)): the
 //! call goes to another target instead of failing.
 //!
-//! Its connections serve the kit's own HTTP/2 client ([`crate::direct`], plaintext targets of
+//! Its connections serve the kit's own HTTP/2 client ([`crate::http2`], plaintext targets of
 //! the kit's templates), whose writes already carry each request's `HEADERS` with its first
 //! `DATA`, and the tonic `Channel`s the kit makes for other targets. On a `Channel`'s plaintext
 //! connection (`http://`) the two leave in one write too, where hyper alone writes them apart
@@ -83,7 +83,7 @@ impl Connector {
 type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<Watched>, io::Error>> + Send>>;
 
 impl Connector {
-    /// A connection to `uri` for the kit's own HTTP/2 client ([`crate::direct`]), whose writes
+    /// A connection to `uri` for the kit's own HTTP/2 client ([`crate::http2`]), whose writes
     /// already carry each request's `HEADERS` with its first `DATA`: watched, not held.
     pub(crate) fn connect(
         &self,

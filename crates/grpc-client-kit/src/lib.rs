@@ -28,10 +28,10 @@
 //!   ([`EndpointTemplate::new`], [`EndpointSettings`]) is called through the kit's own HTTP/2
 //!   client, on the `h2` crate: the caller's task sends the request and reads the response,
 //!   where a tonic `Channel` hands each call to a worker task and hyper spawns two more (a
-//!   unary call costs about 25 % less client CPU; see `BENCHMARKS.md`). It honours every
-//!   setting of the template (timeout, origin, user agent, keepalive, TCP) and backs its
-//!   keepalive off on `too_many_pings` (gRFC A8). TLS, a template function's endpoint and a
-//!   user's connector keep a tonic `Channel`.
+//!   unary call costs 0.76–0.88× the client CPU of tonic's `balance_list`: `BENCHMARKS.md`).
+//!   It honours every setting of the template (timeout, origin, user agent, keepalive, TCP)
+//!   and backs its keepalive off on `too_many_pings` (gRFC A8). TLS, a template function's
+//!   endpoint and a user's connector keep a tonic `Channel`.
 //! * **Errors are gRPC statuses** naming the target(s) and why, never `UNKNOWN` (see
 //!   [`error`]): `UNAVAILABLE` when no target is eligible (each listed: unhealthy, breaker open,
 //!   quarantined ...), when the DNS name cannot be resolved, on a transport error.
@@ -164,8 +164,6 @@ mod config;
 #[cfg(feature = "kit")]
 mod connect;
 #[cfg(feature = "kit")]
-mod direct;
-#[cfg(feature = "kit")]
 mod discovery;
 #[cfg(feature = "kit")]
 pub mod dns;
@@ -175,6 +173,8 @@ pub mod error;
 pub mod future;
 #[cfg(feature = "kit")]
 mod hedge;
+#[cfg(feature = "kit")]
+mod http2;
 #[cfg(feature = "kit")]
 mod kit;
 #[cfg(feature = "kit")]

@@ -461,8 +461,8 @@ pub(crate) struct StackFactory {
     /// tells a connection that failed before the server spoke; otherwise by tonic's.
     pub(crate) own_connector: bool,
     /// The settings of the kit's own template, when targets use one: a plaintext target is
-    /// then called through the kit's own HTTP/2 client ([`crate::direct`]).
-    pub(crate) direct: Option<Arc<crate::template::EndpointSettings>>,
+    /// then called through the kit's own HTTP/2 client ([`crate::http2`]).
+    pub(crate) own_http2: Option<Arc<crate::template::EndpointSettings>>,
     /// The kit's span and metrics of calls (`crate::observe`).
     pub(crate) observe: crate::observe::Observer,
     /// The user's layers, inside every target's gates.
@@ -509,24 +509,25 @@ impl StackFactory {
 }
 
 impl StackFactory {
-    /// A target's connection, lazily made: the kit's own HTTP/2 client ([`crate::direct`]) for
+    /// A target's connection, lazily made: the kit's own HTTP/2 client ([`crate::http2`]) for
     /// a plaintext target of a template the kit made, else a tonic `Channel` ([`channel`]).
     fn conn(&self, new: &NewTarget) -> Conn {
-        if let (Some(settings), None) = (&self.direct, &new.connector) {
+        if let (Some(settings), None) = (&self.own_http2, &new.connector) {
             let connector = crate::connect::Connector::to(&new.endpoint, new.address);
-            if let Some(direct) = crate::direct::Direct::new(&new.endpoint, settings, connector) {
-                return Conn::Direct(direct);
+            if let Some(client) = crate::http2::Http2Client::new(&new.endpoint, settings, connector)
+            {
+                return Conn::Kit(client);
             }
         }
-        Conn::Channel(channel(new, self.own_connector))
+        Conn::Tonic(channel(new, self.own_connector))
     }
 }
 
 /// A target's connection: the kit's own HTTP/2 client, or a tonic `Channel`.
 #[derive(Debug, Clone)]
 pub(crate) enum Conn {
-    Direct(crate::direct::Direct),
-    Channel(Channel),
+    Kit(crate::http2::Http2Client),
+    Tonic(Channel),
 }
 
 impl Service<Request> for Conn {
@@ -537,18 +538,18 @@ impl Service<Request> for Conn {
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         match self {
-            Conn::Direct(direct) => direct.poll_ready(cx),
-            Conn::Channel(channel) => channel.poll_ready(cx).map_err(Into::into),
+            Conn::Kit(client) => client.poll_ready(cx),
+            Conn::Tonic(channel) => channel.poll_ready(cx).map_err(Into::into),
         }
     }
 
     #[inline]
     fn call(&mut self, req: Request) -> ConnFuture {
         match self {
-            Conn::Direct(direct) => ConnFuture::Direct {
-                inner: direct.call(req),
+            Conn::Kit(client) => ConnFuture::Kit {
+                inner: client.call(req),
             },
-            Conn::Channel(channel) => ConnFuture::Channel {
+            Conn::Tonic(channel) => ConnFuture::Tonic {
                 inner: channel.call(req),
             },
         }
@@ -559,8 +560,8 @@ pin_project! {
     /// The response future of [`Conn`].
     #[project = ConnFutureProj]
     pub(crate) enum ConnFuture {
-        Direct { #[pin] inner: crate::direct::DirectFuture },
-        Channel { #[pin] inner: tonic::transport::channel::ResponseFuture },
+        Kit { #[pin] inner: crate::http2::Http2Future },
+        Tonic { #[pin] inner: tonic::transport::channel::ResponseFuture },
     }
 }
 
@@ -570,8 +571,8 @@ impl Future for ConnFuture {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
-            ConnFutureProj::Direct { inner } => inner.poll(cx),
-            ConnFutureProj::Channel { inner } => inner.poll(cx).map_err(Into::into),
+            ConnFutureProj::Kit { inner } => inner.poll(cx),
+            ConnFutureProj::Tonic { inner } => inner.poll(cx).map_err(Into::into),
         }
     }
 }

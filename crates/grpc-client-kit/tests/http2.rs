@@ -1,4 +1,4 @@
-//! The kit's own HTTP/2 client (`direct.rs`), which calls plaintext targets of the kit's own
+//! The kit's own HTTP/2 client (`src/http2.rs`), which calls plaintext targets of the kit's own
 //! templates: what a tonic `Channel` did for them, it must do — streams both ways, messages
 //! larger than any flow-control window, the template's user agent, timeout and keepalive (gRFC
 //! A8, backing off when a server says `too_many_pings`) — against real servers.

@@ -70,24 +70,24 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 const KIT_USER_AGENT: &str = concat!("grpc-client-kit/", env!("CARGO_PKG_VERSION"));
 
 /// A lazily connected HTTP/2 connection to one target. Clones share the connection.
-pub(crate) struct Direct {
+pub(crate) struct Http2Client {
     shared: Arc<Shared>,
     /// This handle's view of the connection: its generation and h2's handle.
     send: Option<(u64, SendRequest<Bytes>)>,
 }
 
-impl Clone for Direct {
+impl Clone for Http2Client {
     fn clone(&self) -> Self {
-        Direct {
+        Http2Client {
             shared: self.shared.clone(),
             send: self.send.clone(),
         }
     }
 }
 
-impl fmt::Debug for Direct {
+impl fmt::Debug for Http2Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Direct")
+        f.debug_struct("Http2Client")
             .field("scheme", &self.shared.scheme)
             .field("authority", &self.shared.authority)
             .finish_non_exhaustive()
@@ -131,7 +131,7 @@ enum Phase {
     Failed(Arc<ConnectFailed>),
 }
 
-impl Direct {
+impl Http2Client {
     /// A connection to `endpoint` with `settings` (the template's, which made the endpoint),
     /// through `connector`. `None` when the endpoint is not plaintext HTTP (tonic's `Channel`
     /// then serves it).
@@ -139,7 +139,7 @@ impl Direct {
         endpoint: &Endpoint,
         settings: &EndpointSettings,
         connector: Connector,
-    ) -> Option<Direct> {
+    ) -> Option<Http2Client> {
         let uri = endpoint.uri().clone();
         if uri.scheme() != Some(&Scheme::HTTP) {
             return None;
@@ -165,7 +165,7 @@ impl Direct {
                 while_idle: settings.keep_alive_while_idle.unwrap_or(false),
             });
         let needs_count = keepalive.is_some_and(|k| !k.while_idle);
-        Some(Direct {
+        Some(Http2Client {
             shared: Arc::new(Shared {
                 connector,
                 uri,
@@ -262,9 +262,15 @@ async fn connect(shared: Weak<Shared>, generation: u64) {
         if let Err(e) = &ended
             && too_many_pings(&**e)
         {
-            // gRFC A8: the server allows fewer pings; ask less often from now on.
+            // gRFC A8: the server allows fewer pings; ask less often from now on, and say so.
             let mut conn = this.conn();
             conn.interval = conn.interval.map(|i| i.saturating_mul(2).min(FAR));
+            tracing::warn!(
+                target = %this.authority,
+                keepalive_interval = ?conn.interval,
+                "the server closed the connection with GOAWAY too_many_pings; \
+                 the keepalive interval of new connections is doubled"
+            );
         }
         this.lost(generation);
     }
@@ -345,10 +351,10 @@ impl Error for CallNotConnected {
     }
 }
 
-impl Service<http::Request<Body>> for Direct {
+impl Service<http::Request<Body>> for Http2Client {
     type Response = http::Response<Body>;
     type Error = BoxError;
-    type Future = DirectFuture;
+    type Future = Http2Future;
 
     /// Ready at once while the connection is being made (the call waits for it, as a tonic
     /// `Channel`'s does); not ready only while the server's limit of concurrent streams is
@@ -378,7 +384,7 @@ impl Service<http::Request<Body>> for Direct {
         }
     }
 
-    fn call(&mut self, req: http::Request<Body>) -> DirectFuture {
+    fn call(&mut self, req: http::Request<Body>) -> Http2Future {
         let timer = self.shared.timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         let state = match &mut self.send {
             Some((_, send)) => send_on(&self.shared, send, req),
@@ -391,7 +397,7 @@ impl Service<http::Request<Body>> for Direct {
                 }))
             }
         };
-        DirectFuture { state, timer }
+        Http2Future { state, timer }
     }
 }
 
@@ -587,10 +593,10 @@ impl Future for Finish {
     }
 }
 
-/// The response future of [`Direct`]. Small (the futures of the layers above hold it, and
+/// The response future of [`Http2Client`]. Small (the futures of the layers above hold it, and
 /// are moved as they are made): the rare parts (a call waiting for its connection, a timer)
 /// are boxed.
-pub(crate) struct DirectFuture {
+pub(crate) struct Http2Future {
     state: State,
     /// The template's `timeout`, if it sets one.
     timer: Option<Pin<Box<Sleep>>>,
@@ -613,7 +619,7 @@ enum State {
     Failed(Option<BoxError>),
 }
 
-impl Future for DirectFuture {
+impl Future for Http2Future {
     type Output = Result<http::Response<Body>, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -702,7 +708,7 @@ impl State {
                     }
                     let in_flight = in_flight.take();
                     return Poll::Ready(Ok(response.map(|recv| {
-                        Body::new(DirectBody {
+                        Body::new(Http2Body {
                             recv,
                             data_done: false,
                             _in_flight: in_flight,
@@ -715,13 +721,13 @@ impl State {
 }
 
 /// A response body read from its h2 stream, its window given back as it is read.
-struct DirectBody {
+struct Http2Body {
     recv: RecvStream,
     data_done: bool,
     _in_flight: Option<InFlight>,
 }
 
-impl http_body::Body for DirectBody {
+impl http_body::Body for Http2Body {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -773,9 +779,9 @@ mod tests {
     #[test]
     fn the_response_future_is_small() {
         assert!(
-            std::mem::size_of::<DirectFuture>() <= 160,
+            std::mem::size_of::<Http2Future>() <= 160,
             "{} bytes",
-            std::mem::size_of::<DirectFuture>()
+            std::mem::size_of::<Http2Future>()
         );
     }
 
