@@ -494,6 +494,9 @@ struct Pump {
     stream: SendStream<Bytes>,
     /// The first message goes out with the `HEADERS` (h2 holds it until the stream opens).
     first: bool,
+    /// The first message, kept while the body is asked whether it ends there: a unary
+    /// request then goes out as one `DATA` frame that ends the stream, not two.
+    lookahead: Option<Bytes>,
     /// A later message (and whether it ends the body), waiting for the stream's
     /// flow-control window: h2 would buffer whatever it is given.
     held: Option<(Bytes, bool)>,
@@ -505,6 +508,7 @@ impl Pump {
             body,
             stream,
             first: true,
+            lookahead: None,
             held: None,
         }
     }
@@ -535,6 +539,12 @@ impl Pump {
             }
             let frame = match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Pending => {
+                    // The body does not end yet: the first message goes alone.
+                    if let Some(data) = self.lookahead.take()
+                        && self.stream.send_data(data, false).is_err()
+                    {
+                        return Poll::Ready(Ok(()));
+                    }
                     // Nothing to send; stop if the server has reset the stream.
                     return match self.stream.poll_reset(cx) {
                         Poll::Ready(_) => Poll::Ready(Ok(())),
@@ -545,15 +555,18 @@ impl Pump {
             };
             match frame {
                 None => {
-                    // An empty DATA frame needs no window.
-                    let _ = self.stream.send_data(Bytes::new(), true);
+                    // The first message with the end, or an empty DATA frame (which needs no
+                    // window).
+                    let last = self.lookahead.take().unwrap_or_default();
+                    let _ = self.stream.send_data(last, true);
                     return Poll::Ready(Ok(()));
                 }
                 Some(Err(e)) => {
                     self.stream.send_reset(h2::Reason::CANCEL);
                     // The request's own failure, not the server's. Before its first message
                     // the server had nothing to process.
-                    return Poll::Ready(Err(if self.first {
+                    let nothing_sent = self.first || self.lookahead.take().is_some();
+                    return Poll::Ready(Err(if nothing_sent {
                         Box::new(NotProcessed::new(e))
                     } else {
                         Box::new(e)
@@ -561,16 +574,27 @@ impl Pump {
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
+                        // A second message: the first goes alone.
+                        if let Some(first) = self.lookahead.take()
+                            && self.stream.send_data(first, false).is_err()
+                        {
+                            return Poll::Ready(Ok(()));
+                        }
                         let end = self.body.is_end_stream();
                         if std::mem::take(&mut self.first) {
-                            if self.stream.send_data(data, end).is_err() || end {
+                            if end {
+                                let _ = self.stream.send_data(data, true);
                                 return Poll::Ready(Ok(()));
                             }
+                            self.lookahead = Some(data);
                         } else {
                             self.held = Some((data, end));
                         }
                     }
                     Err(frame) => {
+                        if let Some(first) = self.lookahead.take() {
+                            let _ = self.stream.send_data(first, false);
+                        }
                         let _ = match frame.into_trailers() {
                             Ok(trailers) => self.stream.send_trailers(trailers),
                             Err(_) => self.stream.send_data(Bytes::new(), true),
@@ -783,6 +807,53 @@ mod tests {
             "{} bytes",
             std::mem::size_of::<Http2Future>()
         );
+    }
+
+    /// A body that does not say it has ended until asked again (as tonic's encoder): its one
+    /// message still leaves as one `DATA` frame that ends the stream, in the write of the
+    /// request's `HEADERS`.
+    #[tokio::test]
+    async fn a_unary_request_is_one_data_frame_in_the_headers_write() {
+        use test_backends::wire::{END_STREAM, FRAME_DATA, record_tcp};
+
+        let backends = test_backends::Backends::start(1).await.unwrap();
+        let (io, writes) = record_tcp(backends[0].addr()).await.unwrap();
+        let (send, connection) = h2::client::Builder::new()
+            .handshake::<_, Bytes>(io)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let mut send = send.ready().await.unwrap();
+        let request = http::Request::post(format!(
+            "{}{}",
+            backends[0].uri(),
+            test_backends::pb::UNARY_PATH
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, stream) = send.send_request(request, false).unwrap();
+        // One gRPC message: an empty `Ping`.
+        let message = Ok::<_, tonic::Status>(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0])));
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter([message]));
+        let mut pump = Pump::new(Body::new(body), stream);
+        std::future::poll_fn(|cx| pump.poll_send(cx)).await.unwrap();
+        let mut recv = response.await.unwrap().into_body();
+        while let Some(data) = recv.data().await {
+            data.unwrap();
+        }
+        let trailers = recv.trailers().await.unwrap().unwrap();
+        assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+
+        let data: Vec<_> = writes
+            .frames()
+            .into_iter()
+            .filter(|f| f.kind == FRAME_DATA && f.stream == 1)
+            .collect();
+        assert_eq!(data.len(), 1, "{data:?}");
+        assert_eq!(data[0].flags & END_STREAM, END_STREAM);
+        writes.assert_requests_whole(1);
     }
 
     #[test]
