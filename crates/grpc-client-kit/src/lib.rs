@@ -28,7 +28,7 @@
 //!   ([`EndpointTemplate::new`], [`EndpointSettings`]) is called through the kit's own HTTP/2
 //!   client, on the `h2` crate: the caller's task sends the request and reads the response,
 //!   where a tonic `Channel` hands each call to a worker task and hyper spawns two more (a
-//!   unary call costs 0.76–0.88× the client CPU of tonic's `balance_list`: `BENCHMARKS.md`).
+//!   unary call costs 0.78–0.83× the client CPU of tonic's `balance_list`: `BENCHMARKS.md`).
 //!   It honours every setting of the template (timeout, origin, user agent, keepalive, TCP)
 //!   and backs its keepalive off on `too_many_pings` (gRFC A8). TLS, a template function's
 //!   endpoint and a user's connector keep a tonic `Channel`.
