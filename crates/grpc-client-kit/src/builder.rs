@@ -534,8 +534,7 @@ impl KitBuilder {
             group,
             breaker,
             breaker_enabled,
-            own_connector: self.template.is_known(),
-            own_http2: self.template.settings().cloned(),
+            known: self.template.settings().cloned(),
             observe: crate::observe::Observer::new(name),
             layers: std::mem::take(&mut self.layers),
         };

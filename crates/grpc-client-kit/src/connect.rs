@@ -78,28 +78,30 @@ impl Connector {
         connector.address = address;
         connector
     }
-}
 
-type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<Watched>, io::Error>> + Send>>;
-
-impl Connector {
     /// A connection to `uri` for the kit's own HTTP/2 client ([`crate::http2`]), whose writes
     /// already carry each request's `HEADERS` with its first `DATA`: watched, not held.
     pub(crate) fn connect(
         &self,
         uri: Uri,
     ) -> impl Future<Output = Result<Watched, io::Error>> + Send + 'static {
+        let tcp = self.clone().tcp(uri);
+        async move { Ok(Watched::new(Coalesced::passthrough(tcp.await?))) }
+    }
+
+    /// A TCP connection to `uri`'s host (or to the resolved address, when one is set), with
+    /// the endpoint's TCP settings.
+    fn tcp(&mut self, uri: Uri) -> impl Future<Output = Result<TcpStream, io::Error>> + use<> {
         let uri = match self.address {
             Some(address) => redirect_uri(&uri, address),
             None => uri,
         };
-        let connecting = self.http.clone().call(uri);
-        async move {
-            let stream = connecting.await.map_err(into_io)?.into_inner();
-            Ok(Watched::new(Coalesced::passthrough(stream)))
-        }
+        let connecting = self.http.call(uri);
+        async move { Ok(connecting.await.map_err(into_io)?.into_inner()) }
     }
 }
+
+type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<Watched>, io::Error>> + Send>>;
 
 impl Service<Uri> for Connector {
     type Response = TokioIo<Watched>;
@@ -111,17 +113,10 @@ impl Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Connecting {
-        let uri = match self.address {
-            Some(address) => redirect_uri(&uri, address),
-            None => uri,
-        };
         // Plaintext HTTP/2 frames are this connection's bytes (under TLS they are records).
         let plaintext = uri.scheme_str() == Some("http");
-        let connecting = self.http.call(uri);
-        Box::pin(async move {
-            let stream = connecting.await.map_err(into_io)?.into_inner();
-            Ok(TokioIo::new(Watched::new(one_write(stream, plaintext))))
-        })
+        let tcp = self.tcp(uri);
+        Box::pin(async move { Ok(TokioIo::new(Watched::new(one_write(tcp.await?, plaintext)))) })
     }
 }
 

@@ -335,22 +335,6 @@ impl Error for ConnectFailed {
     }
 }
 
-/// [`ConnectFailed`] as one call's error.
-#[derive(Debug)]
-struct CallNotConnected(Arc<ConnectFailed>);
-
-impl fmt::Display for CallNotConnected {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl Error for CallNotConnected {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.0.source()
-    }
-}
-
 impl Service<http::Request<Body>> for Http2Client {
     type Response = http::Response<Body>;
     type Error = BoxError;
@@ -695,7 +679,7 @@ impl State {
                             return Poll::Pending;
                         }
                         Phase::Failed(error) if current == *generation => {
-                            State::Failed(Some(Box::new(CallNotConnected(error.clone()))))
+                            State::Failed(Some(Box::new(Arc::clone(error))))
                         }
                         // Lost before this call had it, or an older failure: try again.
                         Phase::Idle | Phase::Failed(_) => {

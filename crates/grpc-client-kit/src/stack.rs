@@ -457,12 +457,11 @@ pub(crate) struct StackFactory {
     pub(crate) group: QuarantineGroup,
     pub(crate) breaker: BreakerConfig,
     pub(crate) breaker_enabled: bool,
-    /// Whether targets are connected by the kit's own connector ([`crate::connect`]), which
-    /// tells a connection that failed before the server spoke; otherwise by tonic's.
-    pub(crate) own_connector: bool,
-    /// The settings of the kit's own template, when targets use one: a plaintext target is
-    /// then called through the kit's own HTTP/2 client ([`crate::http2`]).
-    pub(crate) own_http2: Option<Arc<crate::template::EndpointSettings>>,
+    /// The settings of the kit's own template, when targets use one: they are then connected
+    /// by the kit's own connector ([`crate::connect`]), which tells a connection that failed
+    /// before the server spoke, and a plaintext one is called through the kit's own HTTP/2
+    /// client ([`crate::http2`]); otherwise by tonic's.
+    pub(crate) known: Option<Arc<crate::template::EndpointSettings>>,
     /// The kit's span and metrics of calls (`crate::observe`).
     pub(crate) observe: crate::observe::Observer,
     /// The user's layers, inside every target's gates.
@@ -506,20 +505,18 @@ impl StackFactory {
         );
         Ok((stack, handle))
     }
-}
 
-impl StackFactory {
     /// A target's connection, lazily made: the kit's own HTTP/2 client ([`crate::http2`]) for
     /// a plaintext target of a template the kit made, else a tonic `Channel` ([`channel`]).
     fn conn(&self, new: &NewTarget) -> Conn {
-        if let (Some(settings), None) = (&self.own_http2, &new.connector) {
+        if let (Some(settings), None) = (&self.known, &new.connector) {
             let connector = crate::connect::Connector::to(&new.endpoint, new.address);
             if let Some(client) = crate::http2::Http2Client::new(&new.endpoint, settings, connector)
             {
                 return Conn::Kit(client);
             }
         }
-        Conn::Tonic(channel(new, self.own_connector))
+        Conn::Tonic(channel(new, self.known.is_some()))
     }
 }
 

@@ -147,23 +147,18 @@ impl EndpointTemplate {
     }
 
     /// A template of the kit's own, made from `settings`.
-    fn known<F>(settings: EndpointSettings, f: F) -> Self
+    fn known<F>(settings: Arc<EndpointSettings>, f: F) -> Self
     where
         F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
     {
         EndpointTemplate {
             f: Arc::new(move |uri: &str| Ok((f(uri)?, None))),
-            known: Some(Arc::new(settings)),
+            known: Some(settings),
         }
     }
 
-    /// Whether the kit may connect this template's endpoints with its own connector.
-    pub(crate) fn is_known(&self) -> bool {
-        self.known.is_some()
-    }
-
-    /// The settings of a template the kit made, which its own HTTP/2 client
-    /// ([`crate::http2`]) applies.
+    /// The settings of a template the kit made: its endpoints may be connected with the kit's
+    /// own connector, and its own HTTP/2 client ([`crate::http2`]) applies them.
     pub(crate) fn settings(&self) -> Option<&Arc<EndpointSettings>> {
         self.known.as_ref()
     }
@@ -346,9 +341,10 @@ impl EndpointSettings {
 
     /// A template that builds each target's endpoint from its URI and these settings.
     pub fn template(&self) -> EndpointTemplate {
-        let settings = self.clone();
-        EndpointTemplate::known(self.clone(), move |uri: &str| {
-            settings.apply(Endpoint::from_shared(uri.to_owned())?)
+        let settings = Arc::new(self.clone());
+        let apply = Arc::clone(&settings);
+        EndpointTemplate::known(settings, move |uri: &str| {
+            apply.apply(Endpoint::from_shared(uri.to_owned())?)
         })
     }
 }

@@ -3,9 +3,12 @@
 //! larger than any flow-control window, the template's user agent, timeout and keepalive (gRFC
 //! A8, backing off when a server says `too_many_pings`) — against real servers.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use grpc_client_kit::{EndpointSettings, EndpointTemplate, Kit};
+use support::eventually;
 use test_backends::pb::test_service_client::TestServiceClient;
 use test_backends::pb::{Ping, StreamPing};
 use test_backends::{Backends, PingGuard, PingPolicy};
@@ -171,30 +174,26 @@ async fn keepalive_pings_at_its_interval_and_backs_off_on_too_many_pings() {
 
     // A ping a second: the second is a strike, and the guard sends GOAWAY.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while guard.goaways_sent() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no GOAWAY: {:?}",
-            guard.ping_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let left = || deadline.saturating_duration_since(Instant::now());
+    assert!(
+        eventually(left(), || guard.goaways_sent() > 0).await,
+        "no GOAWAY: {:?}",
+        guard.ping_log()
+    );
     // The next connection pings every 2 s: never a strike.
     client.unary(Ping::default()).await.unwrap();
-    while guard
-        .ping_log()
-        .iter()
-        .filter(|(conn, _)| *conn == 1)
-        .count()
-        < 3
-    {
-        assert!(
-            Instant::now() < deadline,
-            "too few pings: {:?}",
-            guard.ping_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let pings_on_second = || {
+        guard
+            .ping_log()
+            .iter()
+            .filter(|(conn, _)| *conn == 1)
+            .count()
+    };
+    assert!(
+        eventually(left(), || pings_on_second() >= 3).await,
+        "too few pings: {:?}",
+        guard.ping_log()
+    );
     let second: Vec<_> = guard
         .ping_log()
         .into_iter()
