@@ -278,6 +278,38 @@ mod tests {
     }
 }
 
+/// An HTTP/2 client connection builder with hyper's client defaults, which a tonic `Channel`
+/// keeps unless its `Endpoint` says otherwise: a 2 MiB stream window and a 5 MiB connection
+/// window (no adaptive window), 16 KiB frames and header lists, at most 1 MiB buffered to send
+/// per stream, no server push. The kit's own HTTP/2 connections and the health checker's probe
+/// connections start from it, so that they behave on the wire as a `Channel` would.
+///
+/// ```
+/// # async fn f(io: tokio::io::DuplexStream) -> Result<(), h2::Error> {
+/// let (send, connection) = endpoint_state::transport::http2_client()
+///     .handshake::<_, bytes::Bytes>(io)
+///     .await?;
+/// # drop((send, connection)); Ok(()) }
+/// ```
+pub fn http2_client() -> h2::client::Builder {
+    /// hyper 1's `DEFAULT_STREAM_WINDOW`, `DEFAULT_CONN_WINDOW`, `DEFAULT_MAX_FRAME_SIZE`,
+    /// `DEFAULT_MAX_HEADER_LIST_SIZE` and `DEFAULT_MAX_SEND_BUF_SIZE` (client side).
+    const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+    const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
+    const MAX_FRAME: u32 = 16 * 1024;
+    const MAX_HEADER_LIST: u32 = 16 * 1024;
+    const MAX_SEND_BUFFER: usize = 1024 * 1024;
+    let mut builder = h2::client::Builder::new();
+    builder
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .max_header_list_size(MAX_HEADER_LIST)
+        .max_send_buffer_size(MAX_SEND_BUFFER)
+        .enable_push(false);
+    builder
+}
+
 /// The URI a connector is asked to connect when the connection must go to `address` rather
 /// than to wherever the endpoint's host resolves: `uri` with its authority replaced by the
 /// address (scheme and path kept). The endpoint itself keeps naming the server — its

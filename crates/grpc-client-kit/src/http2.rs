@@ -57,12 +57,6 @@ use crate::connect::Connector;
 use crate::error::BoxError;
 use crate::template::EndpointSettings;
 
-/// hyper's HTTP/2 client defaults, which tonic's `Channel` keeps unless told otherwise.
-const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
-const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
-const MAX_FRAME: u32 = 16 * 1024;
-const MAX_HEADER_LIST: u32 = 16 * 1024;
-const MAX_SEND_BUFFER: usize = 1024 * 1024;
 /// hyper's default wait for a keepalive `PING`'s answer.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -227,13 +221,7 @@ async fn connect(shared: Weak<Shared>, generation: u64) {
     drop(this);
     let made = async {
         let io = connecting.await.map_err(|e| Box::new(e) as BoxError)?;
-        h2::client::Builder::new()
-            .initial_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .max_frame_size(MAX_FRAME)
-            .max_header_list_size(MAX_HEADER_LIST)
-            .max_send_buffer_size(MAX_SEND_BUFFER)
-            .enable_push(false)
+        endpoint_state::transport::http2_client()
             .handshake::<_, Bytes>(io)
             .await
             .map_err(from_h2)

@@ -4,15 +4,19 @@
 //! Each mode runs in a process of its own (this binary again, with `HL_BENCH_MODE`), so that
 //! neither's memory or CPU counts towards the other's. Its servers run in yet another process
 //! (`HL_BENCH_SERVERS=1`): 10 test backends. The checker has 1,000 targets, 100 per backend,
-//! each with its own probe channel (so 1,000 HTTP/2 connections, as 1,000 real endpoints would
-//! have). Only the checker's process is measured: CPU time from `/proc/self/stat` (user +
+//! each with its own probe connection (so 1,000 HTTP/2 connections, as 1,000 real endpoints
+//! would have). Each target is named by a URI of its own (`http://t7.bench:PORT`) and reached at
+//! its backend's address ([`Target::address`]), with the default endpoint template: in `Check`
+//! mode the checker's own HTTP/2 connections carry its probes. Only the checker's process is measured: CPU time from `/proc/self/stat` (user +
 //! system, all threads) over a window after warm-up, and resident memory (`VmRSS`) before the
 //! checker and after it is warm. The load average is printed too: other work on the machine
 //! slows everything down, but CPU time per check is this process's own.
 //!
-//! `HL_MODES=h2floor` adds a run without any checker, for scale: the same `Check`s, each target
-//! a task of its own on an HTTP/2 connection of the `h2` crate (no hyper, no tonic), sending a
-//! request's `HEADERS` and `DATA` together — what a probe client below hyper could reach.
+//! `HL_MODES=channel` measures `Check` mode with each target given a tonic `Endpoint` instead
+//! (probes on tonic `Channel`s, as for any endpoint the checker cannot read back);
+//! `HL_MODES=h2floor` a run without any checker, for scale: the same `Check`s, each target a
+//! task of its own on an HTTP/2 connection of the `h2` crate (no hyper, no tonic), sending a
+//! request's `HEADERS` and `DATA` together, on the same grid of ten instants a second.
 //!
 //! The output ends with one line per mode, `watch: ...` then `checker: ...`:
 //!
@@ -20,7 +24,7 @@
 //! cargo bench -p health-layer --bench many_targets
 //! HL_TARGETS=2000 HL_WINDOW_SECS=30 cargo bench -p health-layer --bench many_targets
 //! HL_MODES=check cargo bench -p health-layer --bench many_targets
-//! HL_MODES=h2floor,check cargo bench -p health-layer --bench many_targets
+//! HL_MODES=check,channel,h2floor cargo bench -p health-layer --bench many_targets
 //! ```
 //!
 //! `HL_WATCH_INTERVAL_SECS` (default 30, the checker's default interval) is how often a quiet
@@ -103,7 +107,12 @@ fn servers() {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
+    /// Targets named by their URI, probed with the default endpoint template: the checker's
+    /// own HTTP/2 connections.
     Check,
+    /// The same, each target given a tonic `Endpoint` of its own (which the checker cannot
+    /// read back): probes on tonic `Channel`s.
+    CheckChannel,
     Watch,
     /// No checker, for scale: the same `Check`s a second, each target a task of its own on an
     /// HTTP/2 connection of the `h2` crate (no hyper, no tonic), its request's `HEADERS` and
@@ -115,6 +124,7 @@ impl Mode {
     fn parse(s: &str) -> Option<Mode> {
         match s.trim() {
             "check" | "checker" => Some(Mode::Check),
+            "channel" => Some(Mode::CheckChannel),
             "watch" => Some(Mode::Watch),
             "h2floor" => Some(Mode::H2Floor),
             _ => None,
@@ -124,6 +134,7 @@ impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::Check => "check",
+            Mode::CheckChannel => "channel",
             Mode::Watch => "watch",
             Mode::H2Floor => "h2floor",
         }
@@ -133,6 +144,7 @@ impl Mode {
     fn label(self) -> &'static str {
         match self {
             Mode::Check => "checker",
+            Mode::CheckChannel => "checker-channel",
             Mode::Watch => "watch",
             Mode::H2Floor => "h2floor",
         }
@@ -168,13 +180,13 @@ fn blocking<T>(workers: usize, f: impl FnOnce() -> T) -> T {
 fn measure(mode: Mode) {
     let targets = env_or("HL_TARGETS", 1_000) as usize;
     let interval = match mode {
-        Mode::Check | Mode::H2Floor => Duration::from_secs(1),
+        Mode::Check | Mode::CheckChannel | Mode::H2Floor => Duration::from_secs(1),
         Mode::Watch => Duration::from_secs(env_or("HL_WATCH_INTERVAL_SECS", 30)),
     };
     // Watch: by default a window longer than the interval, so that it holds every target's
     // verifying `Check` of a quiet stream, not just silence.
     let default_window = match mode {
-        Mode::Check | Mode::H2Floor => 20,
+        Mode::Check | Mode::CheckChannel | Mode::H2Floor => 20,
         Mode::Watch => (interval.as_secs() * 4 / 3).max(20),
     };
     let window = Duration::from_secs(env_or("HL_WINDOW_SECS", default_window));
@@ -227,11 +239,11 @@ fn measure(mode: Mode) {
                 tokio::time::sleep(Duration::from_secs(5)).await; // every connection made
                 Running::H2(tasks)
             }
-            Mode::Check | Mode::Watch => {
-                let probe_mode = if mode == Mode::Check {
-                    ProbeMode::Check
-                } else {
+            Mode::Check | Mode::CheckChannel | Mode::Watch => {
+                let probe_mode = if mode == Mode::Watch {
                     ProbeMode::Watch
+                } else {
+                    ProbeMode::Check
                 };
                 let checker = HealthChecker::builder()
                     .mode(probe_mode)
@@ -242,8 +254,17 @@ fn measure(mode: Mode) {
                     .unwrap();
                 let list: Vec<Target> = (0..targets)
                     .map(|i| {
-                        Target::new(format!("t{i}"))
-                            .endpoint(Endpoint::from_shared(uris[i % uris.len()].clone()).unwrap())
+                        let uri = &uris[i % uris.len()];
+                        if mode == Mode::CheckChannel {
+                            return Target::new(format!("t{i}"))
+                                .endpoint(Endpoint::from_shared(uri.clone()).unwrap());
+                        }
+                        // A name of its own for each target (as each of 1,000 servers has),
+                        // connected to its backend's address.
+                        let address: std::net::SocketAddr =
+                            uri.trim_start_matches("http://").parse().unwrap();
+                        Target::new(format!("http://t{i}.bench:{}", address.port()))
+                            .address(address)
                     })
                     .collect();
                 checker.start(list).unwrap();
@@ -291,6 +312,10 @@ fn measure(mode: Mode) {
             "{targets} targets, Check every 1 s (jitter 0.1), {BACKENDS} backends in another process, {}",
             runtime_name(workers)
         ),
+        Mode::CheckChannel => println!(
+            "{targets} targets, each given a tonic Endpoint (probes on tonic Channels), Check every 1 s (jitter 0.1), {BACKENDS} backends in another process, {}",
+            runtime_name(workers)
+        ),
         Mode::H2Floor => println!(
             "{targets} targets, no checker: a Check every 1 s on each of {targets} connections of the h2 crate (HEADERS and DATA together), on a 100 ms grid, {BACKENDS} backends in another process, {}",
             runtime_name(workers)
@@ -310,7 +335,7 @@ fn measure(mode: Mode) {
         cpu.as_secs_f64() * 1e6 / calls.max(1) as f64,
     );
     println!(
-        "RSS {rss_before} KiB -> {rss_after} KiB: {per_target:.1} KiB per target (task, status record, card, probe channel and its HTTP/2 connection)"
+        "RSS {rss_before} KiB -> {rss_after} KiB: {per_target:.1} KiB per target (task, status record, card, probe connection)"
     );
     println!("load average {load}");
     println!(
@@ -342,9 +367,12 @@ async fn h2_target(uri: String) {
     let path: http::Uri = format!("{uri}/grpc.health.v1.Health/Check")
         .parse()
         .unwrap();
+    // One grid for all targets, as the checker has: every target starts on one of ten
+    // instants of the same second.
+    static ORIGIN: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(|| tokio::time::Instant::now() + Duration::from_secs(1));
     let slot = Duration::from_millis(100 * (rand_unit() * 10.0) as u64);
-    let mut tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + slot, Duration::from_secs(1));
+    let mut tick = tokio::time::interval_at(origin + slot, Duration::from_secs(1));
     let mut send = send.ready().await.unwrap();
     loop {
         tick.tick().await;
@@ -389,7 +417,7 @@ fn main() {
         return servers();
     }
     if let Ok(mode) = std::env::var("HL_BENCH_MODE") {
-        return measure(Mode::parse(&mode).expect("HL_BENCH_MODE is check or watch"));
+        return measure(Mode::parse(&mode).expect("HL_BENCH_MODE is a mode of HL_MODES"));
     }
     // `cargo test --benches` runs this too: measure only under `cargo bench`.
     if !std::env::args().any(|a| a == "--bench") {
@@ -398,7 +426,7 @@ fn main() {
     let modes: Vec<Mode> = std::env::var("HL_MODES")
         .unwrap_or_else(|_| "watch,check".into())
         .split(',')
-        .map(|m| Mode::parse(m).expect("HL_MODES lists check and/or watch"))
+        .map(|m| Mode::parse(m).expect("HL_MODES lists watch, check, channel or h2floor"))
         .collect();
     let mut summaries = Vec::new();
     for mode in modes {

@@ -1,5 +1,8 @@
 //! `Check` semantics against real tonic servers on loopback: every answer mapped, every error
-//! kept in the target's status record.
+//! kept in the target's status record. Each test runs twice: with targets of the default
+//! endpoint template (probed on the checker's own HTTP/2 connections, `mod direct`) and with
+//! each target given a tonic `Endpoint` (probed on tonic `Channel`s, `mod channel`): the two
+//! must see the same.
 
 mod support;
 
@@ -16,10 +19,22 @@ fn checker() -> HealthChecker {
         .unwrap()
 }
 
+/// Which probe connection a test's targets get.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Via {
+    /// The default endpoint template: the checker's own HTTP/2 connection.
+    Direct,
+    /// An `Endpoint` given with the target: a tonic `Channel`.
+    Channel,
+}
+
 /// Adds a target and returns its status after the one probe made when it is added.
-async fn probe(checker: &HealthChecker, target: impl Into<Target>) -> TargetStatus {
-    let target = target.into();
+async fn probe(via: Via, checker: &HealthChecker, target: impl Into<Target>) -> TargetStatus {
+    let mut target = target.into();
     let name = target.name().to_owned();
+    if via == Via::Channel {
+        target = target.endpoint(tonic::transport::Endpoint::from_shared(name.clone()).unwrap());
+    }
     checker.add_target(target).unwrap();
     assert!(
         checker.wait_until_ready(Duration::from_secs(10)).await,
@@ -40,13 +55,12 @@ fn assert_unhealthy(status: &TargetStatus, error_prefix: &str) {
     assert!(!status.channel_open, "a failed probe drops its channel");
 }
 
-#[tokio::test]
-async fn serving_is_healthy_and_the_record_says_so() {
+async fn serving_is_healthy_and_the_record_says_so(via: Via) {
     let b = Backend::start("b0").await.unwrap();
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
     let before = std::time::SystemTime::now();
-    let status = probe(&checker, b.uri()).await;
+    let status = probe(via, &checker, b.uri()).await;
     assert_eq!(status.verdict, HealthVerdict::Healthy);
     assert_eq!(status.last_error, None);
     assert_eq!(status.consecutive_failures, 0);
@@ -58,16 +72,23 @@ async fn serving_is_healthy_and_the_record_says_so() {
         HealthVerdict::Healthy
     );
     assert_eq!(b.health_checks(), 1);
+    // Which connection carried it: the checker's own, or a tonic `Channel`.
+    let headers = b.last_request_headers().unwrap();
+    let agent = headers["user-agent"].to_str().unwrap();
+    let expected = match via {
+        Via::Direct => "health-layer/",
+        Via::Channel => "tonic/",
+    };
+    assert!(agent.starts_with(expected), "{via:?}: {agent}");
     checker.stop().await;
 }
 
-#[tokio::test]
-async fn not_serving_is_unhealthy() {
+async fn not_serving_is_unhealthy(via: Via) {
     let b = Backend::start("b0").await.unwrap();
     b.set_serving(false).await;
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&checker, b.uri()).await;
+    let status = probe(via, &checker, b.uri()).await;
     assert_unhealthy(&status, "NOT_SERVING");
     let card = checker.card(&b.uri()).unwrap();
     assert_eq!(
@@ -77,12 +98,16 @@ async fn not_serving_is_unhealthy() {
     checker.stop().await;
 }
 
-#[tokio::test]
-async fn an_unknown_service_is_unhealthy_and_the_error_says_so() {
+async fn an_unknown_service_is_unhealthy_and_the_error_says_so(via: Via) {
     let b = Backend::start("b0").await.unwrap();
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&checker, Target::new(b.uri()).service("no.such.Service")).await;
+    let status = probe(
+        via,
+        &checker,
+        Target::new(b.uri()).service("no.such.Service"),
+    )
+    .await;
     assert_unhealthy(
         &status,
         "NOT_FOUND: unknown service \"no.such.Service\" (service not registered)",
@@ -97,18 +122,20 @@ async fn an_unknown_service_is_unhealthy_and_the_error_says_so() {
         .build()
         .unwrap();
     named.start(Vec::<&str>::new()).unwrap();
-    assert_eq!(probe(&named, b.uri()).await.verdict, HealthVerdict::Healthy);
+    assert_eq!(
+        probe(via, &named, b.uri()).await.verdict,
+        HealthVerdict::Healthy
+    );
     checker.stop().await;
     named.stop().await;
 }
 
-#[tokio::test]
-async fn unimplemented_is_healthy_by_default_as_grpc_does_and_unhealthy_when_required() {
+async fn unimplemented_is_healthy_by_default_as_grpc_does_and_unhealthy_when_required(via: Via) {
     // gRFC A17: a server without the health service is assumed to serve.
     let (uri, server) = support::server_without_health().await;
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&checker, uri.as_str()).await;
+    let status = probe(via, &checker, uri.as_str()).await;
     assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
     assert_eq!(status.last_error, None);
     assert_eq!(
@@ -124,7 +151,7 @@ async fn unimplemented_is_healthy_by_default_as_grpc_does_and_unhealthy_when_req
         .build()
         .unwrap();
     strict.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&strict, uri.as_str()).await;
+    let status = probe(via, &strict, uri.as_str()).await;
     assert_unhealthy(
         &status,
         "UNIMPLEMENTED: the server has no grpc.health.v1.Health service",
@@ -134,8 +161,7 @@ async fn unimplemented_is_healthy_by_default_as_grpc_does_and_unhealthy_when_req
     server.abort();
 }
 
-#[tokio::test]
-async fn a_black_hole_is_a_connection_failure_within_the_timeout() {
+async fn a_black_hole_is_a_connection_failure_within_the_timeout(via: Via) {
     // Accepts TCP, never answers: not connected until the server has sent its HTTP/2
     // settings, so this is a failure to connect (as grpc_health_probe says), not an RPC's.
     let hole = BlackHole::start().await.unwrap();
@@ -146,13 +172,41 @@ async fn a_black_hole_is_a_connection_failure_within_the_timeout() {
         .unwrap();
     checker.start(Vec::<&str>::new()).unwrap();
     let started = std::time::Instant::now();
-    let status = probe(&checker, hole.uri()).await;
+    let status = probe(via, &checker, hole.uri()).await;
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "bounded by the timeout"
     );
     assert_unhealthy(&status, "UNAVAILABLE: no connection within 0.3 s");
     assert!(hole.connections_accepted() >= 1, "it did connect");
+    checker.stop().await;
+}
+
+async fn a_kept_connection_the_server_closed_is_made_again_and_is_no_evidence(via: Via) {
+    let b = Backend::start("b0").await.unwrap();
+    let checker = checker();
+    checker.start(Vec::<&str>::new()).unwrap();
+    let name = b.uri();
+    assert_eq!(
+        probe(via, &checker, name.as_str()).await.verdict,
+        HealthVerdict::Healthy
+    );
+    assert_eq!(b.connections_accepted(), 1);
+
+    // Reset under the kept connection (a restart), then closed with a `GOAWAY` (a graceful
+    // stop): each time the next check is made on a new connection, and passes.
+    b.restart().await.unwrap();
+    let status = checker.check_now(&name).await.unwrap();
+    assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
+    assert_eq!(status.consecutive_failures, 0);
+    b.stop_graceful(Duration::from_millis(100)).await;
+    b.restart().await.unwrap();
+    let status = checker.check_now(&name).await.unwrap();
+    assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
+    assert_eq!(status.consecutive_failures, 0);
+    assert!(status.channel_open);
+    assert_eq!(b.connections_accepted(), 3, "one new connection each time");
+    assert_eq!(b.health_checks(), 3);
     checker.stop().await;
 }
 
@@ -174,19 +228,18 @@ async fn answering(reply: &'static [u8]) -> String {
     uri
 }
 
-#[tokio::test]
-async fn a_port_that_speaks_no_grpc_is_unhealthy_and_the_reason_says_what_it_speaks() {
+async fn a_port_that_speaks_no_grpc_is_unhealthy_and_the_reason_says_what_it_speaks(via: Via) {
     let http1 = answering(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
     // What a TLS server answers to plaintext: an alert record.
     let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]).await;
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&checker, http1.as_str()).await;
+    let status = probe(via, &checker, http1.as_str()).await;
     assert_unhealthy(&status, "UNAVAILABLE: connect failed: ");
     let error = status.last_error.unwrap();
     assert!(error.contains("it looks like an HTTP/1 server"), "{error}");
 
-    let status = probe(&checker, tls.as_str()).await;
+    let status = probe(via, &checker, tls.as_str()).await;
     assert_unhealthy(&status, "UNAVAILABLE: connect failed: ");
     let error = status.last_error.unwrap();
     assert!(
@@ -196,12 +249,11 @@ async fn a_port_that_speaks_no_grpc_is_unhealthy_and_the_reason_says_what_it_spe
     checker.stop().await;
 }
 
-#[tokio::test]
-async fn a_refused_connection_is_unavailable_with_the_os_error() {
+async fn a_refused_connection_is_unavailable_with_the_os_error(via: Via) {
     let uri = support::refused_uri();
     let checker = checker();
     checker.start(Vec::<&str>::new()).unwrap();
-    let status = probe(&checker, uri.as_str()).await;
+    let status = probe(via, &checker, uri.as_str()).await;
     assert_unhealthy(&status, "UNAVAILABLE: connect failed:");
     let error = status.last_error.unwrap();
     assert!(error.contains("Connection refused"), "{error}");
@@ -254,3 +306,32 @@ async fn check_once_tells_connection_failures_from_rpc_failures() {
         .unwrap();
     assert_eq!(status.code(), tonic::Code::NotFound);
 }
+
+/// Each test above, on both kinds of probe connection.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod direct {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Via::Direct).await
+            })*
+        }
+        mod channel {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Via::Channel).await
+            })*
+        }
+    };
+}
+
+on_both!(
+    serving_is_healthy_and_the_record_says_so,
+    not_serving_is_unhealthy,
+    an_unknown_service_is_unhealthy_and_the_error_says_so,
+    unimplemented_is_healthy_by_default_as_grpc_does_and_unhealthy_when_required,
+    a_black_hole_is_a_connection_failure_within_the_timeout,
+    a_port_that_speaks_no_grpc_is_unhealthy_and_the_reason_says_what_it_speaks,
+    a_refused_connection_is_unavailable_with_the_os_error,
+    a_kept_connection_the_server_closed_is_made_again_and_is_no_evidence,
+);

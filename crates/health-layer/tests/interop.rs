@@ -90,9 +90,19 @@ impl PyServer {
         assert_eq!(answer.as_deref(), Some("ok"));
     }
 
+    /// A target probed on a tonic `Channel` (it is given an `Endpoint`).
     fn target(&self, name: &str, service: &str) -> Target {
         Target::new(name)
             .endpoint(Endpoint::from_shared(self.uri.clone()).unwrap())
+            .service(service)
+    }
+
+    /// A target of the default endpoint template, probed on the checker's own HTTP/2
+    /// connection: named `http://{name}.test:{port}`, connected to the server's address.
+    fn direct_target(&self, name: &str, service: &str) -> Target {
+        let address: std::net::SocketAddr = self.uri.trim_start_matches("http://").parse().unwrap();
+        Target::new(format!("http://{name}.test:{}", address.port()))
+            .address(address)
             .service(service)
     }
 }
@@ -100,6 +110,17 @@ impl PyServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Python with grpcio (GCK_INTEROP_PYTHON): cargo test -p health-layer --test interop -- --include-ignored"]
 async fn check_against_grpcio() {
+    check_against_grpcio_on(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Python with grpcio (GCK_INTEROP_PYTHON): cargo test -p health-layer --test interop -- --include-ignored"]
+async fn check_against_grpcio_on_the_checkers_own_connections() {
+    check_against_grpcio_on(true).await;
+}
+
+/// `Check`s against grpcio, on tonic `Channel`s or (`direct`) the checker's own connections.
+async fn check_against_grpcio_on(direct: bool) {
     let mut py = PyServer::start().await;
     let checker = HealthChecker::builder()
         .interval(Duration::ZERO)
@@ -107,19 +128,31 @@ async fn check_against_grpcio() {
         .build()
         .unwrap();
     checker.start(Vec::<&str>::new()).unwrap();
-    checker.add_target(py.target("server", "")).unwrap();
-    checker.add_target(py.target("svc-a", "svc.A")).unwrap();
+    let (server, svc_a) = if direct {
+        (
+            py.direct_target("server", ""),
+            py.direct_target("svc-a", "svc.A"),
+        )
+    } else {
+        (py.target("server", ""), py.target("svc-a", "svc.A"))
+    };
+    let (server, svc_a) = {
+        let names = (server.name().to_owned(), svc_a.name().to_owned());
+        checker.add_target(server).unwrap();
+        checker.add_target(svc_a).unwrap();
+        names
+    };
 
-    let status = checker.check_now("server").await.unwrap();
+    let status = checker.check_now(&server).await.unwrap();
     assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
 
     py.set("", "NOT_SERVING").await;
-    let status = checker.check_now("server").await.unwrap();
+    let status = checker.check_now(&server).await.unwrap();
     assert_eq!(status.verdict, HealthVerdict::Unhealthy);
     assert_eq!(status.last_error.as_deref(), Some("NOT_SERVING"));
 
     // grpcio answers Check for an unknown service with NOT_FOUND (and no message).
-    let status = checker.check_now("svc-a").await.unwrap();
+    let status = checker.check_now(&svc_a).await.unwrap();
     assert_eq!(status.verdict, HealthVerdict::Unhealthy);
     assert_eq!(
         status.last_error.as_deref(),
@@ -127,7 +160,7 @@ async fn check_against_grpcio() {
     );
     py.set("svc.A", "SERVING").await;
     assert_eq!(
-        checker.check_now("svc-a").await.unwrap().verdict,
+        checker.check_now(&svc_a).await.unwrap().verdict,
         HealthVerdict::Healthy
     );
     checker.stop().await;

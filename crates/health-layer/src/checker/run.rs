@@ -14,7 +14,7 @@ use super::publish::Evidence;
 use super::shared::Shared;
 use super::target::Entry;
 use crate::config::ProbeMode;
-use crate::probe::{Dial, ProbeError, ServingStatus, Verifying, run_custom, serving_status};
+use crate::probe::{Dial, ProbeError, ServingStatus, Verifying, Via, run_custom, serving_status};
 
 /// How a `Watch` subscription ended.
 enum WatchEnd {
@@ -218,7 +218,7 @@ impl Shared {
                     ))));
                 }
                 () = quiet.as_mut(), if answered && verify.is_none() => {
-                    verify = Some(link.verify(channel.clone(), limit));
+                    verify = Some(link.verify(Via::Channel(channel.clone()), limit));
                     continue;
                 }
                 result = async { verify.as_mut().expect("guarded").await }, if verify.is_some() => {
@@ -285,7 +285,7 @@ impl Shared {
             };
             let result = {
                 let _permit = self.probes.acquire().await.expect("never closed");
-                entry.link.verify(conn.channel, self.config.timeout).await
+                entry.link.verify(conn.via, self.config.timeout).await
             };
             match result {
                 // Still no health service: the connection is alive.

@@ -10,6 +10,7 @@ use endpoint_state::sync::{lock, read, write};
 use endpoint_state::{CardEvent, EndpointCard};
 use tokio::sync::{Notify, Semaphore, broadcast};
 use tokio::time::Instant;
+use tonic::transport::Endpoint;
 
 use super::grid::Grid;
 use super::target::{Entry, Target};
@@ -116,11 +117,16 @@ impl Shared {
             connector,
             address,
         } = target;
+        // The default template's endpoints have tonic's defaults, which the checker knows.
+        let known_endpoint = endpoint.is_none() && self.config.endpoint_template.is_none();
         let endpoint = match endpoint {
             Some(e) => Some(e),
             None if self.config.mode.needs_endpoint() => Some(
-                (self.config.endpoint_template)(&name)
-                    .map_err(|e| InvalidTarget::new(name.clone(), e))?,
+                match &self.config.endpoint_template {
+                    Some(template) => template(&name),
+                    None => Endpoint::from_shared(name.to_string()).map_err(Into::into),
+                }
+                .map_err(|e| InvalidTarget::new(name.clone(), e))?,
             ),
             None => None,
         };
@@ -138,7 +144,8 @@ impl Shared {
             service.unwrap_or_else(|| self.config.service.clone()),
             self.config.probe_keepalive,
         )
-        .with_transport(connector, address);
+        .with_transport(connector, address)
+        .with_known_endpoint(known_endpoint);
         Ok(Arc::new(Entry::new(
             name.clone(),
             card.unwrap_or_else(|| EndpointCard::new(name)),

@@ -72,7 +72,11 @@ impl Target {
     }
 
     /// Probe this endpoint instead of the template's (its own channel is created from it; the
-    /// endpoint itself is only a configuration).
+    /// endpoint itself is only a configuration). The probes then run on a tonic `Channel`, with
+    /// every setting of the endpoint; a target of the default template gets the checker's own,
+    /// cheaper HTTP/2 connection in `Check` mode (see the [crate docs](crate)). To name a
+    /// target apart from the address it is reached at, keep its URI as its name and give the
+    /// [`address`](Self::address).
     pub fn endpoint(mut self, endpoint: Endpoint) -> Self {
         self.endpoint = Some(endpoint);
         self

@@ -148,7 +148,8 @@ pub struct HealthConfig {
     pub(crate) events_capacity: usize,
     pub(crate) fail_fast_callbacks: bool,
     #[cfg_attr(feature = "serde", serde(skip))]
-    pub(crate) endpoint_template: EndpointTemplate,
+    /// `None`: the default, `Endpoint::from_shared(target)` (whose settings the checker knows).
+    pub(crate) endpoint_template: Option<EndpointTemplate>,
     #[cfg_attr(feature = "serde", serde(skip))]
     pub(crate) connector: Option<Connector>,
 }
@@ -188,9 +189,7 @@ impl Default for HealthConfig {
             watch_backoff: HealthConfig::DEFAULT_WATCH_BACKOFF,
             events_capacity: 1024,
             fail_fast_callbacks: false,
-            endpoint_template: Arc::new(|target: &str| {
-                Endpoint::from_shared(target.to_owned()).map_err(Into::into)
-            }),
+            endpoint_template: None,
             connector: None,
         }
     }
@@ -343,6 +342,11 @@ impl HealthConfig {
     /// here. The default parses the name as a URI (`http://10.0.0.7:50051`). The endpoint's
     /// own channel is used for probes only, never for application calls.
     ///
+    /// With the default template, whose settings the checker knows (tonic's defaults),
+    /// plaintext `Check` probes run on the checker's own HTTP/2 connections instead of tonic
+    /// `Channel`s (see the [crate docs](crate)); with a template of yours, every probe runs on
+    /// a `Channel` of the endpoint it returns.
+    ///
     /// Plaintext (`http://`) probe connections go through the checker's own connector, which
     /// reads the server's HTTP/2 frames (see [`probe`](crate::probe)); it applies the endpoint's
     /// TCP settings (nodelay, TCP keepalive, connect timeout) but not
@@ -361,7 +365,7 @@ impl HealthConfig {
     where
         F: Fn(&str) -> Result<Endpoint, BoxError> + Send + Sync + 'static,
     {
-        self.endpoint_template = Arc::new(f);
+        self.endpoint_template = Some(Arc::new(f));
         self
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use endpoint_state::time::FAR;
-use http::header::{CONTENT_TYPE, TE};
+use http::header::{CONTENT_TYPE, TE, USER_AGENT};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full};
 use prost::Message;
@@ -23,11 +23,12 @@ use tonic::{Code, Status};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tower::ServiceExt;
 
+use super::connect::{Direct, Via};
 use super::error::ProbeError;
 use super::grpc::{ServingStatus, check_outcome};
 
 /// `grpc.health.v1.Health/Check`.
-const PATH: &str = "/grpc.health.v1.Health/Check";
+pub(crate) const PATH: &str = "/grpc.health.v1.Health/Check";
 
 /// A `Check` about one service name, encoded once. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -43,16 +44,54 @@ impl CheckCall {
         CheckCall { service, body }
     }
 
-    /// One `Check` on `channel` within `timeout` (sent as the call's deadline too), whatever
+    /// One `Check` through `via` within `timeout` (sent as the call's deadline too), whatever
     /// the server answers. `target` names the endpoint in errors.
     pub(crate) async fn call(
         &self,
-        channel: Channel,
+        via: &Via,
         target: &Arc<str>,
         timeout: Duration,
     ) -> Result<ServingStatus, ProbeError> {
-        let answer = tokio::time::timeout(timeout, self.exchange(channel, timeout)).await;
+        let answer = match via {
+            Via::Channel(channel) => {
+                tokio::time::timeout(timeout, self.exchange(channel.clone(), timeout)).await
+            }
+            Via::Direct(direct) => {
+                tokio::time::timeout(timeout, self.exchange_direct(direct, timeout)).await
+            }
+        };
         check_outcome(answer, target.clone(), self.service.clone(), timeout)
+    }
+
+    /// The call on the checker's own connection: its `HEADERS` and its one `DATA` frame are
+    /// handed to the connection together (one write), and the answer is read here, as
+    /// [`exchange`](Self::exchange) reads it.
+    async fn exchange_direct(&self, direct: &Direct, timeout: Duration) -> Result<i32, Status> {
+        let mut send = direct.send.clone().ready().await.map_err(h2_status)?;
+        let mut request = Request::new(());
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = direct.check_uri.clone();
+        let headers = request.headers_mut();
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert("grpc-timeout", grpc_timeout(timeout));
+        headers.insert(USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE));
+        let (response, mut stream) = send.send_request(request, false).map_err(h2_status)?;
+        stream
+            .send_data(self.body.clone(), true)
+            .map_err(h2_status)?;
+        let (head, mut body) = response.await.map_err(h2_status)?.into_parts();
+        if let Some(status) = trailers_only(&head.headers) {
+            return Err(status);
+        }
+        let mut data = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.map_err(h2_status)?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            append(&mut data, &chunk)?;
+        }
+        let trailers = body.trailers().await.map_err(h2_status)?;
+        judge(&data, trailers.as_ref(), head.status)
     }
 
     /// The call, as tonic's unary client makes it: the answer's raw serving status.
@@ -66,31 +105,20 @@ impl CheckCall {
             .await
             .map_err(|e| Status::from_error(Box::new(e)))?;
         let (head, mut body) = response.into_parts();
-        // A trailers-only answer carries its status in the headers.
-        if let Some(status) = Status::from_header_map(&head.headers) {
-            return Err(match status.code() {
-                Code::Ok => Status::internal("Missing response message."),
-                _ => status,
-            });
+        if let Some(status) = trailers_only(&head.headers) {
+            return Err(status);
         }
         let mut data = Vec::new();
         let mut trailers = None;
         while let Some(frame) = body.frame().await {
             let frame = frame?;
             if let Some(chunk) = frame.data_ref() {
-                if data.len() + chunk.len() > MAX_ANSWER {
-                    return Err(Status::out_of_range(format!(
-                        "Error, decoded message length too large: found more than {MAX_ANSWER} bytes, the limit is: {MAX_ANSWER} bytes"
-                    )));
-                }
-                data.extend_from_slice(chunk);
+                append(&mut data, chunk)?;
             } else if let Ok(t) = frame.into_trailers() {
                 trailers = Some(t);
             }
         }
-        let message = decode_message(&data, head.status)?;
-        call_status(trailers.as_ref(), head.status)?;
-        message.ok_or_else(|| Status::internal("Missing response message."))
+        judge(&data, trailers.as_ref(), head.status)
     }
 
     fn request(&self, timeout: Duration) -> Request<tonic::body::Body> {
@@ -104,6 +132,61 @@ impl CheckCall {
         headers.insert("grpc-timeout", grpc_timeout(timeout));
         request
     }
+}
+
+/// The `user-agent` of the checker's own probe connections.
+const USER_AGENT_VALUE: &str = concat!("health-layer/", env!("CARGO_PKG_VERSION"));
+
+/// A trailers-only answer carries its status in the headers (and no message: `OK` there is an
+/// error).
+fn trailers_only(headers: &HeaderMap) -> Option<Status> {
+    let status = Status::from_header_map(headers)?;
+    Some(match status.code() {
+        Code::Ok => Status::internal("Missing response message."),
+        _ => status,
+    })
+}
+
+/// Adds a piece of the answer's body to `data`, refusing more than [`MAX_ANSWER`] bytes.
+fn append(data: &mut Vec<u8>, chunk: &[u8]) -> Result<(), Status> {
+    if data.len() + chunk.len() > MAX_ANSWER {
+        return Err(Status::out_of_range(format!(
+            "Error, decoded message length too large: found more than {MAX_ANSWER} bytes, the limit is: {MAX_ANSWER} bytes"
+        )));
+    }
+    data.extend_from_slice(chunk);
+    Ok(())
+}
+
+/// A whole answer, as tonic's unary client reads it: its message's raw serving status, or the
+/// call's status.
+fn judge(
+    data: &[u8],
+    trailers: Option<&HeaderMap>,
+    http_status: StatusCode,
+) -> Result<i32, Status> {
+    let message = decode_message(data, http_status)?;
+    call_status(trailers, http_status)?;
+    message.ok_or_else(|| Status::internal("Missing response message."))
+}
+
+/// The status of a call that an HTTP/2 error ended, with the error as its source (which says
+/// how the connection ended: see [`ConnectionEnd`](super::error::ConnectionEnd)); its code as
+/// gRPC maps HTTP/2 errors (`doc/PROTOCOL-HTTP2.md`): a lost or closed connection and a
+/// refused stream are `UNAVAILABLE`, a cancelled stream `CANCELLED`, `ENHANCE_YOUR_CALM`
+/// `RESOURCE_EXHAUSTED`, any other reset `INTERNAL`.
+fn h2_status(error: h2::Error) -> Status {
+    let code = match error.reason() {
+        _ if error.is_io() || error.is_go_away() => Code::Unavailable,
+        Some(h2::Reason::REFUSED_STREAM) => Code::Unavailable,
+        Some(h2::Reason::CANCEL) => Code::Cancelled,
+        Some(h2::Reason::ENHANCE_YOUR_CALM) => Code::ResourceExhausted,
+        Some(_) => Code::Internal,
+        None => Code::Unavailable,
+    };
+    let mut status = Status::new(code, format!("h2 protocol error: {error}"));
+    status.set_source(Arc::new(error));
+    status
 }
 
 /// The framed `HealthCheckRequest { service }`: the gRPC message prefix (not compressed, the
@@ -304,6 +387,29 @@ mod tests {
             mapped.message(),
             "grpc-status header missing, mapped from HTTP status code 503"
         );
+    }
+
+    #[test]
+    fn http2_errors_map_as_grpc_maps_them_and_keep_their_cause() {
+        use std::error::Error;
+        // (A lost connection, an io error, is `UNAVAILABLE` too: `tests/check_real.rs`.)
+        let cases: [(h2::Error, Code); 4] = [
+            (h2::Reason::REFUSED_STREAM.into(), Code::Unavailable),
+            (h2::Reason::CANCEL.into(), Code::Cancelled),
+            (
+                h2::Reason::ENHANCE_YOUR_CALM.into(),
+                Code::ResourceExhausted,
+            ),
+            (h2::Reason::PROTOCOL_ERROR.into(), Code::Internal),
+        ];
+        for (error, code) in cases {
+            let text = error.to_string();
+            let status = h2_status(error);
+            assert_eq!(status.code(), code, "{text}");
+            assert!(status.message().contains(&text), "{status:?}");
+            let source = status.source().expect("the cause is kept");
+            assert!(source.downcast_ref::<h2::Error>().is_some(), "{status:?}");
+        }
     }
 
     #[test]

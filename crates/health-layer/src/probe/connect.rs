@@ -34,6 +34,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tonic::codegen::Bytes;
 use tonic::transport::{Channel, Endpoint};
 use tower_service::Service;
 
@@ -43,8 +44,71 @@ use super::frames::{GoAway, ServerFrames, WatchedIo};
 /// A connected probe channel and, for a plaintext connection, what its server has sent.
 #[derive(Clone, Debug)]
 pub(crate) struct ProbeConn {
-    pub(crate) channel: Channel,
+    pub(crate) via: Via,
     pub(crate) frames: Option<ServerFrames>,
+}
+
+/// What a probe connection's calls go through.
+#[derive(Clone, Debug)]
+pub(crate) enum Via {
+    /// A tonic `Channel` (TLS, connectors of the user's, endpoints the checker cannot read
+    /// back, `Watch` streams).
+    Channel(Channel),
+    /// The checker's own HTTP/2 connection (see [`Direct`]).
+    Direct(Direct),
+}
+
+impl Via {
+    /// The channel, for calls that need one (`Watch`).
+    pub(crate) fn channel(&self) -> Option<&Channel> {
+        match self {
+            Via::Channel(channel) => Some(channel),
+            Via::Direct(_) => None,
+        }
+    }
+}
+
+/// A probe connection of the checker's own, on the `h2` crate: for plaintext endpoints of the
+/// checker's default template, whose every setting the checker knows (tonic's defaults, and
+/// no HTTP/2 keepalive). A `Check` is sent from the probing task itself (its `HEADERS` and
+/// its `DATA` handed to the connection together, so they leave in one write) and its answer
+/// read there; the connection's task only reads and writes the socket. A tonic `Channel`
+/// adds a `Buffer` worker and hyper's tasks per request on top of that.
+///
+/// Dropping the last clone lets the connection close (once no call is open on it).
+#[derive(Clone)]
+pub(crate) struct Direct {
+    pub(crate) send: h2::client::SendRequest<Bytes>,
+    /// `http://{authority}/grpc.health.v1.Health/Check`, the endpoint's authority.
+    pub(crate) check_uri: Uri,
+}
+
+impl Direct {
+    /// Starts HTTP/2 on `io` (hyper's client settings) and spawns the connection's task, which
+    /// ends when the connection does. `check_uri` is the `Check` request's URI.
+    pub(crate) async fn open<T>(io: T, target: &Arc<str>, check_uri: Uri) -> Result<Self, h2::Error>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (send, connection) = endpoint_state::transport::http2_client()
+            .handshake::<_, Bytes>(io)
+            .await?;
+        let name = target.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(backend = %name, error = %e, "health probe connection ended");
+            }
+        });
+        Ok(Direct { send, check_uri })
+    }
+}
+
+impl std::fmt::Debug for Direct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Direct")
+            .field("check_uri", &self.check_uri)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ProbeConn {
@@ -76,7 +140,7 @@ pub(crate) async fn connect_until(
     deadline: Instant,
     limit: Duration,
     connections: &Arc<AtomicU64>,
-) -> Result<ProbeConn, ProbeError> {
+) -> Result<(Channel, Option<ServerFrames>), ProbeError> {
     let failed = |source: BoxError| connect_failed(target, None, Some(source));
     let attempt = async {
         if endpoint.uri().scheme_str() != Some("http") {
@@ -94,10 +158,7 @@ pub(crate) async fn connect_until(
                 }
             }
             .map_err(|e| failed(Box::new(e)))?;
-            return Ok(ProbeConn {
-                channel,
-                frames: None,
-            });
+            return Ok((channel, None));
         }
         let frames = ServerFrames::new();
         let connector =
@@ -113,8 +174,55 @@ pub(crate) async fn connect_until(
             }
         };
         frames.preface().await.map_err(|e| failed(Box::new(e)))?;
+        Ok((channel, Some(frames)))
+    };
+    match tokio::time::timeout_at(deadline, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(connect_failed(target, Some(limit), None)),
+    }
+}
+
+/// Connects the checker's own HTTP/2 connection to `endpoint` (plaintext, of the default
+/// template: its settings are tonic's defaults but for the TCP ones, which can be read back),
+/// by `deadline`; to `address` when given. Connected means the server's `SETTINGS` frame has
+/// arrived, as for [`connect_until`].
+pub(crate) async fn connect_direct(
+    target: &Arc<str>,
+    endpoint: &Endpoint,
+    address: Option<SocketAddr>,
+    deadline: Instant,
+    limit: Duration,
+    connections: &Arc<AtomicU64>,
+) -> Result<ProbeConn, ProbeError> {
+    let failed = |source: BoxError| connect_failed(target, None, Some(source));
+    let uri = endpoint.uri();
+    let check_uri = Uri::builder()
+        .scheme("http")
+        .authority(uri.authority().map_or("", |a| a.as_str()))
+        .path_and_query(super::check_call::PATH)
+        .build()
+        .map_err(|e| failed(Box::new(e)))?;
+    let to = match address {
+        Some(address) => redirect_uri(uri, address),
+        None => uri.clone(),
+    };
+    let mut http = tcp_connector(endpoint);
+    let frames = ServerFrames::new();
+    connections.fetch_add(1, Ordering::Relaxed);
+    let attempt = async {
+        let io = http.call(to).await.map_err(|e| failed(Box::new(e)))?;
+        let direct = match Direct::open(frames.watch(io.into_inner()), target, check_uri).await {
+            Ok(direct) => direct,
+            Err(e) => {
+                return Err(match frames.failure() {
+                    Some(ours) => failed(Box::new(ours)),
+                    None => failed(Box::new(e)),
+                });
+            }
+        };
+        frames.preface().await.map_err(|e| failed(Box::new(e)))?;
         Ok(ProbeConn {
-            channel,
+            via: Via::Direct(direct),
             frames: Some(frames),
         })
     };
@@ -215,7 +323,39 @@ mod tests {
         let target: Arc<str> = backend.uri().into();
         for _ in 0..3 {
             let status = check
-                .call(channel.clone(), &target, std::time::Duration::from_secs(5))
+                .call(
+                    &Via::Channel(channel.clone()),
+                    &target,
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+            assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
+        }
+
+        writes.assert_requests_whole(3);
+    }
+
+    /// The same on the checker's own connection: `HEADERS` and `DATA` handed over together.
+    #[tokio::test]
+    async fn a_direct_checks_headers_and_data_leave_in_one_write() {
+        use test_backends::wire::record_tcp;
+
+        let backend = test_backends::Backend::start("b0").await.unwrap();
+        let (recording, writes) = record_tcp(backend.addr()).await.unwrap();
+        let target: Arc<str> = backend.uri().into();
+        let check_uri: Uri = format!("{}{}", backend.uri(), crate::probe::check_call::PATH)
+            .parse()
+            .unwrap();
+        let direct = Direct::open(recording, &target, check_uri).await.unwrap();
+        let check = crate::probe::check_call::CheckCall::new("".into());
+        for _ in 0..3 {
+            let status = check
+                .call(
+                    &Via::Direct(direct.clone()),
+                    &target,
+                    std::time::Duration::from_secs(5),
+                )
                 .await
                 .unwrap();
             assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);

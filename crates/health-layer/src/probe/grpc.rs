@@ -29,7 +29,7 @@ pub async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Channel, Pr
     Ok(
         connect_until(&target, endpoint, None, after(limit), limit, &connections)
             .await?
-            .channel,
+            .0,
     )
 }
 
@@ -60,7 +60,7 @@ pub async fn check_once(
         &connections,
     )
     .await?
-    .channel;
+    .0;
     let request = tonic::Request::new(HealthCheckRequest {
         service: service.to_owned(),
     });

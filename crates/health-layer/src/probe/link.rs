@@ -19,7 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckResponse;
 
 use super::check_call::CheckCall;
-use super::connect::{ProbeConn, connect_failed, connect_until};
+use super::connect::{ProbeConn, Via, connect_direct, connect_failed, connect_until};
 use super::error::{ConnectionEnd, ProbeError, ProbeFailure};
 use super::grpc::{ServingStatus, transport_is_unavailable, watch_on};
 
@@ -68,6 +68,9 @@ pub(crate) struct ProbeLink {
     connector: Option<Connector>,
     /// Where connections go instead of the endpoint's host.
     address: Option<SocketAddr>,
+    /// Whether the checker knows every setting of the endpoint (it comes from the default
+    /// template), so that its plaintext `Check`s may go on the checker's own connection.
+    known_endpoint: bool,
 }
 
 impl ProbeLink {
@@ -87,7 +90,16 @@ impl ProbeLink {
             connections: Arc::default(),
             connector: None,
             address: None,
+            known_endpoint: false,
         }
+    }
+
+    /// The endpoint comes from the checker's default template: the checker knows each of its
+    /// settings (tonic's defaults), so its plaintext `Check`s without an HTTP/2 keepalive go on
+    /// the checker's own HTTP/2 connection ([`Direct`](super::connect::Direct)).
+    pub(crate) fn with_known_endpoint(mut self, known: bool) -> Self {
+        self.known_endpoint = known;
+        self
     }
 
     /// The target's own connector, and the address its connections go to (see
@@ -168,23 +180,32 @@ impl ProbeLink {
         )
     }
 
-    /// Connects a new probe channel: the endpoint, with the link's keepalive when it sets one.
+    /// Connects a new probe connection: the endpoint, with the link's keepalive when it sets
+    /// one. With `for_check`, a plaintext endpoint of the default template without keepalive
+    /// gets the checker's own HTTP/2 connection; anything else a tonic `Channel`.
     pub(crate) async fn connect(
         &self,
         dial: Dial<'_>,
         deadline: Instant,
+        for_check: bool,
     ) -> Result<ProbeConn, ProbeError> {
         let mut endpoint = self
             .endpoint
             .clone()
             .expect("gRPC probe modes always resolve an endpoint");
-        if let Some(interval) = self.keepalive() {
+        let keepalive = self.keepalive();
+        if let Some(interval) = keepalive {
             // hyper adds the interval to an instant: keep it within what a clock can hold.
             endpoint = endpoint.http2_keep_alive_interval(interval.min(FAR));
         }
         let own = self.connector.as_ref().or(dial.connector);
-        let Some(connector) = own else {
-            return connect_until(
+        let direct = for_check
+            && self.known_endpoint
+            && keepalive.is_none()
+            && own.is_none()
+            && endpoint.uri().scheme_str() == Some("http");
+        if direct {
+            return connect_direct(
                 &self.target,
                 &endpoint,
                 self.address,
@@ -193,10 +214,25 @@ impl ProbeLink {
                 &self.connections,
             )
             .await;
+        }
+        let Some(connector) = own else {
+            let (channel, frames) = connect_until(
+                &self.target,
+                &endpoint,
+                self.address,
+                deadline,
+                dial.limit,
+                &self.connections,
+            )
+            .await?;
+            return Ok(ProbeConn {
+                via: Via::Channel(channel),
+                frames,
+            });
         };
         match tokio::time::timeout_at(deadline, connector(endpoint)).await {
             Ok(Ok(channel)) => Ok(ProbeConn {
-                channel,
+                via: Via::Channel(channel),
                 frames: None,
             }),
             Ok(Err(e)) => Err(connect_failed(&self.target, None, Some(e))),
@@ -218,11 +254,11 @@ impl ProbeLink {
         own_connection: bool,
     ) -> Result<(), ProbeError> {
         if own_connection {
-            let conn = self.connect(dial, deadline).await?;
-            return self.check_until(conn.channel, deadline).await;
+            let conn = self.connect(dial, deadline, true).await?;
+            return self.check_until(&conn.via, deadline).await;
         }
         let conn = match self.kept() {
-            Some(conn) => match self.check_until(conn.channel, deadline).await {
+            Some(conn) => match self.check_until(&conn.via, deadline).await {
                 Ok(()) => {
                     self.after_check();
                     return Ok(());
@@ -230,34 +266,34 @@ impl ProbeLink {
                 Err(e) if e.connection_ended() => {
                     tracing::debug!(backend = %self.target, error = %e.reason(), "health probe connection ended; checking on a new one");
                     self.connection_done(&e);
-                    self.connect(dial, deadline).await?
+                    self.connect(dial, deadline, true).await?
                 }
                 other => return other,
             },
-            None => self.connect(dial, deadline).await?,
+            None => self.connect(dial, deadline, true).await?,
         };
-        let channel = conn.channel.clone();
+        let via = conn.via.clone();
         lock(&self.conn).get_or_insert(conn);
-        let result = self.check_until(channel, deadline).await;
+        let result = self.check_until(&via, deadline).await;
         self.after_check();
         result
     }
 
-    /// One `Check` on `channel` by `deadline`: `SERVING` is `Ok`.
-    async fn check_until(&self, channel: Channel, deadline: Instant) -> Result<(), ProbeError> {
+    /// One `Check` through `via` by `deadline`: `SERVING` is `Ok`.
+    async fn check_until(&self, via: &Via, deadline: Instant) -> Result<(), ProbeError> {
         let remaining = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        match self.check.call(channel, &self.target, remaining).await? {
+        match self.check.call(via, &self.target, remaining).await? {
             ServingStatus::Serving => Ok(()),
             status => Err(self.not_serving(status)),
         }
     }
 
-    /// One `Check` on `channel` within `limit`, whatever it answers: verifies that a kept
+    /// One `Check` through `via` within `limit`, whatever it answers: verifies that a kept
     /// connection is alive (a call with data, which no server counts as an abusive ping).
-    pub(crate) fn verify(&self, channel: Channel, limit: Duration) -> Verifying<'_> {
-        Box::pin(self.check.call(channel, &self.target, limit))
+    pub(crate) fn verify(&self, via: Via, limit: Duration) -> Verifying<'_> {
+        Box::pin(async move { self.check.call(&via, &self.target, limit).await })
     }
 
     /// Subscribes to `Watch` on a new connection (kept by the link while the stream lives), by
@@ -267,8 +303,12 @@ impl ProbeLink {
         dial: Dial<'_>,
         deadline: Instant,
     ) -> Result<(Channel, tonic::Streaming<HealthCheckResponse>), ProbeError> {
-        let conn = self.connect(dial, deadline).await?;
-        let channel = conn.channel.clone();
+        let conn = self.connect(dial, deadline, false).await?;
+        let channel = conn
+            .via
+            .channel()
+            .expect("Watch connections are channels")
+            .clone();
         *lock(&self.conn) = Some(conn);
         let stream = watch_on(
             channel.clone(),

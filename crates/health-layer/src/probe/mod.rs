@@ -43,6 +43,7 @@ mod grpc;
 mod http_probe;
 mod link;
 
+pub(crate) use connect::Via;
 pub use error::{ProbeError, ProbeFailure, status_text};
 pub use grpc::{
     ServingStatus, check_on, check_once, check_with, connect, local_timeout_is_deadline,
