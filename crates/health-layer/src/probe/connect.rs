@@ -58,16 +58,6 @@ pub(crate) enum Via {
     Direct(Direct),
 }
 
-impl Via {
-    /// The channel, for calls that need one (`Watch`).
-    pub(crate) fn channel(&self) -> Option<&Channel> {
-        match self {
-            Via::Channel(channel) => Some(channel),
-            Via::Direct(_) => None,
-        }
-    }
-}
-
 /// A probe connection of the checker's own, on the `h2` crate: for plaintext endpoints of the
 /// checker's default template, whose every setting the checker knows (tonic's defaults, and
 /// no HTTP/2 keepalive). A `Check` is sent from the probing task itself (its `HEADERS` and

@@ -21,6 +21,7 @@ use tonic_health::pb::HealthCheckResponse;
 use super::check_call::CheckCall;
 use super::connect::{ProbeConn, Via, connect_direct, connect_failed, connect_until};
 use super::error::{ConnectionEnd, ProbeError, ProbeFailure};
+use super::frames::ServerFrames;
 use super::grpc::{ServingStatus, transport_is_unavailable, watch_on};
 
 /// Connects a probe channel from its endpoint (the user's
@@ -180,29 +181,19 @@ impl ProbeLink {
         )
     }
 
-    /// Connects a new probe connection: the endpoint, with the link's keepalive when it sets
-    /// one. With `for_check`, a plaintext endpoint of the default template without keepalive
-    /// gets the checker's own HTTP/2 connection; anything else a tonic `Channel`.
+    /// Connects a new probe connection for `Check`s: a plaintext endpoint of the default
+    /// template without keepalive gets the checker's own HTTP/2 connection, anything else a
+    /// tonic `Channel` ([`connect_channel`](Self::connect_channel)).
     pub(crate) async fn connect(
         &self,
         dial: Dial<'_>,
         deadline: Instant,
-        for_check: bool,
     ) -> Result<ProbeConn, ProbeError> {
-        let mut endpoint = self
-            .endpoint
-            .clone()
-            .expect("gRPC probe modes always resolve an endpoint");
-        let keepalive = self.keepalive();
-        if let Some(interval) = keepalive {
-            // hyper adds the interval to an instant: keep it within what a clock can hold.
-            endpoint = endpoint.http2_keep_alive_interval(interval.min(FAR));
-        }
-        let own = self.connector.as_ref().or(dial.connector);
-        let direct = for_check
-            && self.known_endpoint
-            && keepalive.is_none()
-            && own.is_none()
+        let endpoint = self.probe_endpoint();
+        let direct = self.known_endpoint
+            && self.keepalive().is_none()
+            && self.connector.is_none()
+            && dial.connector.is_none()
             && endpoint.uri().scheme_str() == Some("http");
         if direct {
             return connect_direct(
@@ -215,8 +206,37 @@ impl ProbeLink {
             )
             .await;
         }
-        let Some(connector) = own else {
-            let (channel, frames) = connect_until(
+        let (channel, frames) = self.connect_channel(dial, deadline).await?;
+        Ok(ProbeConn {
+            via: Via::Channel(channel),
+            frames,
+        })
+    }
+
+    /// The endpoint of new connections: the target's, with the link's keepalive when it sets
+    /// one.
+    fn probe_endpoint(&self) -> Endpoint {
+        let endpoint = self
+            .endpoint
+            .clone()
+            .expect("gRPC probe modes always resolve an endpoint");
+        match self.keepalive() {
+            // hyper adds the interval to an instant: keep it within what a clock can hold.
+            Some(interval) => endpoint.http2_keep_alive_interval(interval.min(FAR)),
+            None => endpoint,
+        }
+    }
+
+    /// Connects a new probe channel (a tonic `Channel` of the endpoint, by the target's or the
+    /// checker's connector if there is one), and for a plaintext one what its server sends.
+    pub(crate) async fn connect_channel(
+        &self,
+        dial: Dial<'_>,
+        deadline: Instant,
+    ) -> Result<(Channel, Option<ServerFrames>), ProbeError> {
+        let endpoint = self.probe_endpoint();
+        let Some(connector) = self.connector.as_ref().or(dial.connector) else {
+            return connect_until(
                 &self.target,
                 &endpoint,
                 self.address,
@@ -224,17 +244,10 @@ impl ProbeLink {
                 dial.limit,
                 &self.connections,
             )
-            .await?;
-            return Ok(ProbeConn {
-                via: Via::Channel(channel),
-                frames,
-            });
+            .await;
         };
         match tokio::time::timeout_at(deadline, connector(endpoint)).await {
-            Ok(Ok(channel)) => Ok(ProbeConn {
-                via: Via::Channel(channel),
-                frames: None,
-            }),
+            Ok(Ok(channel)) => Ok((channel, None)),
             Ok(Err(e)) => Err(connect_failed(&self.target, None, Some(e))),
             Err(_) => Err(connect_failed(&self.target, Some(dial.limit), None)),
         }
@@ -254,7 +267,7 @@ impl ProbeLink {
         own_connection: bool,
     ) -> Result<(), ProbeError> {
         if own_connection {
-            let conn = self.connect(dial, deadline, true).await?;
+            let conn = self.connect(dial, deadline).await?;
             return self.check_until(&conn.via, deadline).await;
         }
         let conn = match self.kept() {
@@ -266,11 +279,11 @@ impl ProbeLink {
                 Err(e) if e.connection_ended() => {
                     tracing::debug!(backend = %self.target, error = %e.reason(), "health probe connection ended; checking on a new one");
                     self.connection_done(&e);
-                    self.connect(dial, deadline, true).await?
+                    self.connect(dial, deadline).await?
                 }
                 other => return other,
             },
-            None => self.connect(dial, deadline, true).await?,
+            None => self.connect(dial, deadline).await?,
         };
         let via = conn.via.clone();
         lock(&self.conn).get_or_insert(conn);
@@ -303,13 +316,11 @@ impl ProbeLink {
         dial: Dial<'_>,
         deadline: Instant,
     ) -> Result<(Channel, tonic::Streaming<HealthCheckResponse>), ProbeError> {
-        let conn = self.connect(dial, deadline, false).await?;
-        let channel = conn
-            .via
-            .channel()
-            .expect("Watch connections are channels")
-            .clone();
-        *lock(&self.conn) = Some(conn);
+        let (channel, frames) = self.connect_channel(dial, deadline).await?;
+        *lock(&self.conn) = Some(ProbeConn {
+            via: Via::Channel(channel.clone()),
+            frames,
+        });
         let stream = watch_on(
             channel.clone(),
             &self.target,
