@@ -281,7 +281,8 @@ mod tests {
 /// An HTTP/2 client connection builder with hyper's client defaults, which a tonic `Channel`
 /// keeps unless its `Endpoint` says otherwise: a 2 MiB stream window and a 5 MiB connection
 /// window (no adaptive window), 16 KiB frames and header lists, at most 1 MiB buffered to send
-/// per stream, no server push. The kit's own HTTP/2 connections and the health checker's probe
+/// per stream, at most 100 streams opened before the server's `SETTINGS` say how many it
+/// allows, at most 1,024 streams reset for local errors, no server push. The kit's own HTTP/2 connections and the health checker's probe
 /// connections start from it, so that they behave on the wire as a `Channel` would.
 ///
 /// ```
@@ -292,15 +293,18 @@ mod tests {
 /// # drop((send, connection)); Ok(()) }
 /// ```
 pub fn http2_client() -> h2::client::Builder {
-    /// hyper 1's `DEFAULT_STREAM_WINDOW`, `DEFAULT_CONN_WINDOW`, `DEFAULT_MAX_FRAME_SIZE`,
-    /// `DEFAULT_MAX_HEADER_LIST_SIZE` and `DEFAULT_MAX_SEND_BUF_SIZE` (client side).
+    /// hyper 1's client defaults (`proto/h2/client.rs`, `Config::default`).
     const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
     const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
     const MAX_FRAME: u32 = 16 * 1024;
     const MAX_HEADER_LIST: u32 = 16 * 1024;
     const MAX_SEND_BUFFER: usize = 1024 * 1024;
+    const INITIAL_MAX_SEND_STREAMS: usize = 100;
+    const MAX_LOCAL_ERROR_RESETS: usize = 1024;
     let mut builder = h2::client::Builder::new();
     builder
+        .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)

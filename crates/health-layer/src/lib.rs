@@ -47,17 +47,20 @@
 //! settings, so a black hole is a connection failure, and a port that answers HTTP/1 or TLS
 //! says so in the target's reason.
 //!
-//! **Probe connections.** A target named by its `http://` URI and probed in `Check` mode with
-//! the default [endpoint template](HealthConfig::endpoint_template) (no `Endpoint` of its own, no
-//! connector, no HTTP/2 keepalive) is probed on an HTTP/2 connection of the checker's own, on the
-//! `h2` crate with hyper's client settings: each `Check` is sent from the target's task, its
-//! `HEADERS` and `DATA` in one write, and its answer read there. The checker knows every setting
+//! **Probe connections.** The `Check`s of a target named by its `http://` URI with the default
+//! [endpoint template](HealthConfig::endpoint_template) — no `Endpoint` of its own, no
+//! connector (the target's or the checker's), no HTTP/2 keepalive
+//! ([`probe_keepalive`](HealthConfig::probe_keepalive)) — run on an HTTP/2 connection of the
+//! checker's own, on the `h2` crate with hyper's client settings: each `Check` is sent from the
+//! target's task, its `HEADERS` and `DATA` handed to the connection together (so that they
+//! normally leave in one write), and its answer is read there. The checker knows every setting
 //! of such an endpoint (tonic's defaults), so nothing of the user's is left out; at 1,000
 //! targets it costs about 30 % less CPU and a third less memory than a tonic `Channel` per
 //! target (`BENCHMARKS.md`). Its requests say `user-agent: health-layer/<version>`. Every other
-//! target — one given an [`Endpoint`](tonic::transport::Endpoint) or a template of the user's
-//! (whose settings cannot be read back), TLS, a connector, a keepalive, and every `Watch`
-//! stream — is probed on a tonic `Channel` made from its endpoint, as the endpoint says.
+//! probe — of a target given an [`Endpoint`](tonic::transport::Endpoint) or a template of the
+//! user's (whose settings cannot be read back), over TLS, through a connector, with a
+//! keepalive, and every `Watch` stream — runs on a tonic `Channel` made from its endpoint, as
+//! the endpoint says.
 //!
 //! **Schedule.** Every target has its own next-check instant on tokio's monotonic clock (no
 //! global tick: a black-holed target never delays another). Defaults: every 30 s, 5 s

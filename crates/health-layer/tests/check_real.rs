@@ -73,8 +73,7 @@ async fn serving_is_healthy_and_the_record_says_so(via: Via) {
     );
     assert_eq!(b.health_checks(), 1);
     // Which connection carried it: the checker's own, or a tonic `Channel`.
-    let headers = b.last_request_headers().unwrap();
-    let agent = headers["user-agent"].to_str().unwrap();
+    let agent = last_agent(&b);
     let expected = match via {
         Via::Direct => "health-layer/",
         Via::Channel => "tonic/",
@@ -207,6 +206,63 @@ async fn a_kept_connection_the_server_closed_is_made_again_and_is_no_evidence(vi
     assert!(status.channel_open);
     assert_eq!(b.connections_accepted(), 3, "one new connection each time");
     assert_eq!(b.health_checks(), 3);
+    checker.stop().await;
+}
+
+/// The user agent of the backend's last request.
+fn last_agent(b: &Backend) -> String {
+    let headers = b.last_request_headers().unwrap();
+    headers["user-agent"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_keepalive_or_a_connector_keeps_a_default_template_target_on_a_channel() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tonic::transport::{Channel, Endpoint};
+
+    let b = Backend::start("b0").await.unwrap();
+    let counting = |calls: Arc<AtomicUsize>| {
+        move |endpoint: Endpoint| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async move { Ok::<Channel, _>(endpoint.connect().await?) }
+        }
+    };
+
+    // The checker's keepalive: only a `Channel` pings.
+    let keepalive = HealthChecker::builder()
+        .interval(Duration::ZERO)
+        .probe_keepalive(Some(Duration::from_secs(300)))
+        .build()
+        .unwrap();
+    keepalive.start(Vec::<&str>::new()).unwrap();
+    let status = probe(Via::Direct, &keepalive, b.uri()).await;
+    assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
+    assert!(last_agent(&b).starts_with("tonic/"), "{}", last_agent(&b));
+    keepalive.stop().await;
+
+    // The checker's connector, then a target's own: each is called for the connection.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let connecting = HealthChecker::builder()
+        .interval(Duration::ZERO)
+        .connector(counting(calls.clone()))
+        .build()
+        .unwrap();
+    connecting.start(Vec::<&str>::new()).unwrap();
+    let status = probe(Via::Direct, &connecting, b.uri()).await;
+    assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    assert!(last_agent(&b).starts_with("tonic/"), "{}", last_agent(&b));
+    connecting.stop().await;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let checker = checker();
+    checker.start(Vec::<&str>::new()).unwrap();
+    let target = Target::new(b.uri()).connector(counting(calls.clone()));
+    let status = probe(Via::Direct, &checker, target).await;
+    assert_eq!(status.verdict, HealthVerdict::Healthy, "{status:?}");
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    assert!(last_agent(&b).starts_with("tonic/"), "{}", last_agent(&b));
     checker.stop().await;
 }
 

@@ -171,8 +171,8 @@ async fn check_mode_slows_its_pings_after_too_many_pings_without_a_failed_probe(
         .unwrap();
     let (_card, mut events) = started(&checker, &guard).await;
     until("a GOAWAY", || guard.goaways_sent() >= 1).await;
-    // The next checks pass (on a connection tonic makes again, then on one of the checker's
-    // own with slower pings), and the server has nothing more to refuse.
+    // The next checks pass (on a connection tonic makes again, then on a new probe channel
+    // with slower pings), and the server has nothing more to refuse.
     let checks = backend.health_checks();
     until("three more checks", || {
         backend.health_checks() >= checks + 3

@@ -64,7 +64,7 @@ impl CheckCall {
     }
 
     /// The call on the checker's own connection: its `HEADERS` and its one `DATA` frame are
-    /// handed to the connection together (one write), and the answer is read here, as
+    /// handed to the connection together (normally one write), and the answer is read here, as
     /// [`exchange`](Self::exchange) reads it.
     async fn exchange_direct(&self, direct: &Direct, timeout: Duration) -> Result<i32, Status> {
         let mut send = direct.send.clone().ready().await.map_err(h2_status)?;
@@ -170,21 +170,13 @@ fn judge(
     message.ok_or_else(|| Status::internal("Missing response message."))
 }
 
-/// The status of a call that an HTTP/2 error ended, with the error as its source (which says
-/// how the connection ended: see [`ConnectionEnd`](super::error::ConnectionEnd)); its code as
-/// gRPC maps HTTP/2 errors (`doc/PROTOCOL-HTTP2.md`): a lost or closed connection and a
-/// refused stream are `UNAVAILABLE`, a cancelled stream `CANCELLED`, `ENHANCE_YOUR_CALM`
-/// `RESOURCE_EXHAUSTED`, any other reset `INTERNAL`.
+/// The status of a call that an HTTP/2 error ended, as a tonic `Channel` reports a transport
+/// error: `UNKNOWN`, with the error as its source. [`check_outcome`] then makes it what it makes
+/// of the `Channel`'s: `UNAVAILABLE` ("connection broken: ..."), and reads from the source how
+/// the connection ended (see [`ConnectionEnd`](super::error::ConnectionEnd)), so that a target's
+/// reason and the checker's reconnect are the same on both kinds of probe connection.
 fn h2_status(error: h2::Error) -> Status {
-    let code = match error.reason() {
-        _ if error.is_io() || error.is_go_away() => Code::Unavailable,
-        Some(h2::Reason::REFUSED_STREAM) => Code::Unavailable,
-        Some(h2::Reason::CANCEL) => Code::Cancelled,
-        Some(h2::Reason::ENHANCE_YOUR_CALM) => Code::ResourceExhausted,
-        Some(_) => Code::Internal,
-        None => Code::Unavailable,
-    };
-    let mut status = Status::new(code, format!("h2 protocol error: {error}"));
+    let mut status = Status::unknown(error.to_string());
     status.set_source(Arc::new(error));
     status
 }
@@ -390,25 +382,27 @@ mod tests {
     }
 
     #[test]
-    fn http2_errors_map_as_grpc_maps_them_and_keep_their_cause() {
+    fn an_http2_error_is_a_broken_connection_as_on_a_channel() {
         use std::error::Error;
-        // (A lost connection, an io error, is `UNAVAILABLE` too: `tests/check_real.rs`.)
-        let cases: [(h2::Error, Code); 4] = [
-            (h2::Reason::REFUSED_STREAM.into(), Code::Unavailable),
-            (h2::Reason::CANCEL.into(), Code::Cancelled),
-            (
-                h2::Reason::ENHANCE_YOUR_CALM.into(),
-                Code::ResourceExhausted,
-            ),
-            (h2::Reason::PROTOCOL_ERROR.into(), Code::Internal),
-        ];
-        for (error, code) in cases {
+        // (A lost connection, an io error, is one too: `tests/check_real.rs`.)
+        for reason in [
+            h2::Reason::REFUSED_STREAM,
+            h2::Reason::CANCEL,
+            h2::Reason::PROTOCOL_ERROR,
+        ] {
+            let error = h2::Error::from(reason);
             let text = error.to_string();
             let status = h2_status(error);
-            assert_eq!(status.code(), code, "{text}");
-            assert!(status.message().contains(&text), "{status:?}");
             let source = status.source().expect("the cause is kept");
             assert!(source.downcast_ref::<h2::Error>().is_some(), "{status:?}");
+            let outcome = check_outcome(Ok(Err(status)), "t", "".into(), Duration::from_secs(1));
+            let error = outcome.unwrap_err();
+            assert_eq!(error.code(), Some(Code::Unavailable), "{error}");
+            assert!(error.connection_ended(), "{error}");
+            assert_eq!(
+                error.reason(),
+                format!("UNAVAILABLE: connection broken: {text}")
+            );
         }
     }
 

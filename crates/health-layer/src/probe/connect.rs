@@ -61,8 +61,9 @@ pub(crate) enum Via {
 /// A probe connection of the checker's own, on the `h2` crate: for plaintext endpoints of the
 /// checker's default template, whose every setting the checker knows (tonic's defaults, and
 /// no HTTP/2 keepalive). A `Check` is sent from the probing task itself (its `HEADERS` and
-/// its `DATA` handed to the connection together, so they leave in one write) and its answer
-/// read there; the connection's task only reads and writes the socket. A tonic `Channel`
+/// its `DATA` handed to the connection together, so that they normally leave in one write:
+/// only a connection task already running on another worker can send the first alone) and
+/// its answer read there; the connection's task only reads and writes the socket. A tonic `Channel`
 /// adds a `Buffer` worker and hyper's tasks per request on top of that.
 ///
 /// Dropping the last clone lets the connection close (once no call is open on it).
