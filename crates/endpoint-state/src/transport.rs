@@ -281,9 +281,16 @@ mod tests {
 /// An HTTP/2 client connection builder with hyper's client defaults, which a tonic `Channel`
 /// keeps unless its `Endpoint` says otherwise: a 2 MiB stream window and a 5 MiB connection
 /// window (no adaptive window), 16 KiB frames and header lists, at most 1 MiB buffered to send
-/// per stream, at most 100 streams opened before the server's `SETTINGS` say how many it
-/// allows, at most 1,024 streams reset for local errors, no server push. The kit's own HTTP/2 connections and the health checker's probe
-/// connections start from it, so that they behave on the wire as a `Channel` would.
+/// per stream, at most 1,024 streams reset for local errors, no server push. The kit's own
+/// HTTP/2 connections and the health checker's probe connections start from it, so that they
+/// behave on the wire as a `Channel` would.
+///
+/// One difference: hyper also caps the streams opened before the server's `SETTINGS` at 100,
+/// and keeps that cap when the server's `SETTINGS` name no limit (as tonic's servers do). This
+/// builder does as gRPC's own clients do instead: no limit until the server names one (RFC
+/// 9113 §6.5.2). A stream a server refuses for that is one it never processed, which the
+/// kit's transparent retry sends again; with the cap, a connection holding 100 long streams
+/// would make every further call on it wait.
 ///
 /// ```
 /// # async fn f(io: tokio::io::DuplexStream) -> Result<(), h2::Error> {
@@ -299,11 +306,9 @@ pub fn http2_client() -> h2::client::Builder {
     const MAX_FRAME: u32 = 16 * 1024;
     const MAX_HEADER_LIST: u32 = 16 * 1024;
     const MAX_SEND_BUFFER: usize = 1024 * 1024;
-    const INITIAL_MAX_SEND_STREAMS: usize = 100;
     const MAX_LOCAL_ERROR_RESETS: usize = 1024;
     let mut builder = h2::client::Builder::new();
     builder
-        .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
         .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

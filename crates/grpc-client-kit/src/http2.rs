@@ -20,7 +20,9 @@
 //!   again. A lost connection (reset, `GOAWAY`, keepalive timeout) is replaced by the next
 //!   call's;
 //! * **settings**: hyper's HTTP/2 client defaults (2 MiB stream window, 5 MiB connection
-//!   window, 16 KiB frames and header lists, 1 MiB send buffer), the endpoint's TCP settings
+//!   window, 16 KiB frames and header lists, 1 MiB send buffer;
+//!   [`http2_client`](endpoint_state::transport::http2_client) says where it differs: no cap of
+//!   100 streams when the server names no limit), the endpoint's TCP settings
 //!   and connect timeout, and the template's `timeout` (each call's), `origin` (the
 //!   `:authority` and scheme sent), `user_agent` and keepalive;
 //! * **keepalive** (gRFC A8): with `http2_keep_alive_interval` set, a `PING` every interval
