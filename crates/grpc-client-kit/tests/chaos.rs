@@ -398,11 +398,12 @@ impl Rig {
         None
     }
 
-    /// Trips backend `i`'s breaker with errors, then — callers paused for the moment it may
-    /// turn half-open — opens long streams until one lands on `i`, taking its only probe
-    /// permit. Returns that stream, its first message read, the rest left unread. A call that
-    /// began before the pause may still take the permit first (its probe then closes the
-    /// breaker): then it trips the breaker again, [`HOLD_ROUNDS`] times at most.
+    /// Trips backend `i`'s breaker with errors (lifting the quarantine they bring meanwhile),
+    /// then — callers paused for the moment it may turn half-open — opens long streams until
+    /// one lands on `i`, taking its only probe permit. Returns that stream, its first message
+    /// read, the rest left unread. A call that began before the pause may still take the
+    /// permit first (its probe then closes the breaker): then it trips the breaker again,
+    /// [`HOLD_ROUNDS`] times at most.
     async fn hold_half_open(&self, i: usize) -> Result<Holding, String> {
         let mut missed = Vec::new();
         for _ in 0..HOLD_ROUNDS {
@@ -433,6 +434,10 @@ impl Rig {
                 let state = breaker.state();
                 return Err(format!("breaker not open after {TRIP_WITHIN:?}: {state:?}"));
             }
+            // The errors quarantine it too, sooner than they open the breaker (and for longer
+            // after an earlier fault's quarantine): lift that, so that calls keep reaching it
+            // until the breaker has seen enough of them.
+            let _ = self.kit.quarantine().lift(&target);
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
         b.fail_always(None);
