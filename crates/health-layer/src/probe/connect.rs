@@ -298,6 +298,18 @@ impl Service<Uri> for WatchingConnector {
 mod tests {
     use super::*;
 
+    /// Three `Check`s through `via`, each answered `SERVING`.
+    async fn three_serving_checks(via: &Via, target: &Arc<str>) {
+        let check = crate::probe::check_call::CheckCall::new("".into());
+        for _ in 0..3 {
+            let status = check
+                .call(via, target, std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
+        }
+    }
+
     /// A `Check` on a probe connection to a real server leaves in one write: its `HEADERS` and
     /// its `DATA` together (hyper alone writes them apart: see `endpoint_state::writes`).
     #[tokio::test]
@@ -310,19 +322,8 @@ mod tests {
         let channel = channel_over(backend.uri(), probe_io(&frames, recording))
             .await
             .unwrap();
-        let check = crate::probe::check_call::CheckCall::new("".into());
         let target: Arc<str> = backend.uri().into();
-        for _ in 0..3 {
-            let status = check
-                .call(
-                    &Via::Channel(channel.clone()),
-                    &target,
-                    std::time::Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
-            assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
-        }
+        three_serving_checks(&Via::Channel(channel), &target).await;
 
         writes.assert_requests_whole(3);
     }
@@ -339,18 +340,7 @@ mod tests {
             .parse()
             .unwrap();
         let direct = Direct::open(recording, &target, check_uri).await.unwrap();
-        let check = crate::probe::check_call::CheckCall::new("".into());
-        for _ in 0..3 {
-            let status = check
-                .call(
-                    &Via::Direct(direct.clone()),
-                    &target,
-                    std::time::Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
-            assert_eq!(status, crate::probe::grpc::ServingStatus::Serving);
-        }
+        three_serving_checks(&Via::Direct(direct), &target).await;
 
         writes.assert_requests_whole(3);
     }
